@@ -1,0 +1,36 @@
+"""xnnguard: safe XNNPACK lowering on released ExecuTorch (1.5.x).
+
+The public API is small; names load lazily so that ``xnnguard verify`` starts without importing the
+whole export stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_PUBLIC = {
+    "XnnpackPartitioner": "xnnguard.passes",
+    "TagHighRankPass": "xnnguard.passes",
+    "TagConv3dPass": "xnnguard.passes",
+    "DO_NOT_DELEGATE": "xnnguard.passes",
+    "KeptOut": "xnnguard.report",
+    "Rule": "xnnguard.report",
+    "XNN_MAX_TENSOR_DIMS": "xnnguard.rank_limit",
+}
+
+__all__ = sorted(_PUBLIC)
+
+if TYPE_CHECKING:
+    from xnnguard.passes import DO_NOT_DELEGATE, TagConv3dPass, TagHighRankPass, XnnpackPartitioner
+    from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS
+    from xnnguard.report import KeptOut, Rule
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'xnnguard' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

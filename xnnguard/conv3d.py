@@ -1,0 +1,75 @@
+"""A convolution is 3-D when its weight has rank 5.
+
+This module is the one place that rule lives. The weight's rank is what the XNNPACK partitioner sees
+(stride, padding and dilation may be single values that ATen broadcasts), and it is the same in every
+dialect the library meets: a pt2e graph (``aten.conv3d``, ``aten.conv_transpose3d.input``), an
+exported program (``aten.convolution``) and an edge program (``aten.convolution`` edge op).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+
+__all__ = ["ConvKind", "conv3d_kind", "is_3d_convolution"]
+
+_CONV_TARGET_NAMES = frozenset(
+    {
+        "convolution",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    }
+)
+
+
+class ConvKind(str, Enum):
+    CONV3D = "conv3d"
+    CONV_TRANSPOSE3D = "conv_transpose3d"
+
+    @property
+    def description(self) -> str:
+        return "3-D convolution" if self is ConvKind.CONV3D else "3-D transposed convolution"
+
+
+def _op_name(node: torch.fx.Node) -> str | None:
+    """``"conv3d"`` for ``aten.conv3d.default`` and its edge twin; None for anything not an op."""
+    if node.op != "call_function":
+        return None
+    name = getattr(node.target, "__name__", "")
+    # "aten.convolution.default" (edge), "convolution.default" (aten OpOverload), "conv3d.padding"
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in _CONV_TARGET_NAMES:
+        return parts[-2]
+    return None
+
+
+def _is_transposed(node: torch.fx.Node, op_name: str) -> bool:
+    if op_name.startswith("conv_transpose"):
+        return True
+    if op_name in ("convolution", "_convolution"):
+        transposed = node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)
+        return bool(transposed)
+    return False
+
+
+def conv3d_kind(node: torch.fx.Node) -> ConvKind | None:
+    """The kind of 3-D convolution ``node`` is, or None when it is not one."""
+    op_name = _op_name(node)
+    if op_name is None or len(node.args) < 2:
+        return None
+    weight = node.args[1]
+    value = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dim() != 5:
+        return None
+    return ConvKind.CONV_TRANSPOSE3D if _is_transposed(node, op_name) else ConvKind.CONV3D
+
+
+def is_3d_convolution(node: torch.fx.Node) -> bool:
+    """True for a 3-D convolution or 3-D transposed convolution (weight of rank 5)."""
+    return conv3d_kind(node) is not None

@@ -1,0 +1,65 @@
+"""The do-not-delegate tag, and the one function that decides whether a node may go to XNNPACK.
+
+``node.meta[DO_NOT_DELEGATE]`` holds a string saying why the node must stay out of XNNPACK. The tag
+passes write it; a user may write it on any node (in a transform pass, or on the edge program before
+``to_backend``) to keep that node out for a reason of their own. ``xnnguard.XnnpackPartitioner``
+never delegates a tagged node.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xnnguard.conv3d import conv3d_kind
+from xnnguard.rank_limit import rank_violation
+from xnnguard.report import KeptOut, Rule
+
+__all__ = ["DO_NOT_DELEGATE", "keep_out_reason", "op_name"]
+
+DO_NOT_DELEGATE = "xnnguard_do_not_delegate"
+
+
+def op_name(node: torch.fx.Node) -> str:
+    """A readable operator name (``aten.permute_copy.default``) for reports."""
+    target = node.target
+    name = getattr(target, "__name__", None) or str(target)
+    return name if node.op == "call_function" else f"{node.op}:{name}"
+
+
+def keep_out_reason(node: torch.fx.Node) -> KeptOut | None:
+    """Why ``node`` must not be delegated to XNNPACK, or None when nothing forbids it.
+
+    The rules are re-evaluated rather than read from the tag alone, so a partitioner that runs
+    before the tag passes (as ``ops_to_not_decompose`` does) decides the same way.
+    """
+    if node.op != "call_function":
+        return None
+    violation = rank_violation(node)
+    if violation is not None:
+        return KeptOut(node.name, op_name(node), Rule.HIGH_RANK, violation)
+    kind = conv3d_kind(node)
+    if kind is not None:
+        return KeptOut(node.name, op_name(node), Rule.CONV3D, f"{kind.description}: XNNPACK has no 3-D convolution")
+    tag = node.meta.get(DO_NOT_DELEGATE)
+    if tag:
+        return KeptOut(node.name, op_name(node), Rule.USER_TAG, f"tagged by user: {tag}")
+    return None
+
+
+def tag_nodes(graph_module: torch.fx.GraphModule, rule: Rule) -> tuple[bool, list[KeptOut]]:
+    """Tag every node that ``rule`` keeps out; return (whether any tag changed, what the rule found).
+
+    A node that already carries a tag keeps it: a user's reason is never overwritten, and running a
+    tag pass twice changes nothing the second time.
+    """
+    modified = False
+    found: list[KeptOut] = []
+    for node in graph_module.graph.nodes:
+        record = keep_out_reason(node)
+        if record is None or record.rule is not rule:
+            continue
+        found.append(record)
+        if not node.meta.get(DO_NOT_DELEGATE):
+            node.meta[DO_NOT_DELEGATE] = record.reason
+            modified = True
+    return modified, found

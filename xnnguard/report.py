@@ -1,0 +1,47 @@
+"""What xnnguard kept away from XNNPACK, and why: plain data, printed by whoever wants to print it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["KeptOut", "Rule", "summarize"]
+
+
+class Rule(str, Enum):
+    """Why a node was kept out. Each rule is decided in exactly one module (named here)."""
+
+    HIGH_RANK = "high_rank"  # xnnguard.rank_limit
+    CONV3D = "conv3d"  # xnnguard.conv3d
+    USER_TAG = "user_tag"  # xnnguard.passes.do_not_delegate
+    NEEDS_KEPT_OUT_NODE = "needs_kept_out_node"  # an op whose partition needs a node kept out
+
+
+@dataclass(frozen=True)
+class KeptOut:
+    """One node that runs outside XNNPACK because of a rule.
+
+    ``node`` is the FX node's name, ``op`` the operator (``aten.permute_copy.default``), ``rule`` which
+    rule fired and ``reason`` one sentence for a person ("output has 8 dims > 6").
+    """
+
+    node: str
+    op: str
+    rule: Rule
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.node} ({self.op}): {self.reason}"
+
+
+def summarize(records: Iterable[KeptOut]) -> str:
+    """One line: how many nodes were kept out, by rule (``"3 nodes kept out of XNNPACK: 2 high_rank, 1 conv3d"``)."""
+    counts = Counter(record.rule.value for record in records)
+    total = sum(counts.values())
+    if not total:
+        return "no node kept out of XNNPACK"
+    by_rule = ", ".join(f"{n} {rule}" for rule, n in sorted(counts.items()))
+    noun = "node" if total == 1 else "nodes"
+    return f"{total} {noun} kept out of XNNPACK: {by_rule}"
