@@ -28,38 +28,47 @@ def _short(name: str) -> str:
 
 @dataclass
 class Lowered:
-    """A lowered program and where its ops went."""
+    """A lowered program, its serialized bytes, and where its ops went (read before serialization)."""
 
     edge: EdgeProgramManager
     buffer: bytes
-
-    def _top_graph(self) -> torch.fx.Graph:
-        return self.edge.exported_program().graph_module.graph
-
-    def delegates(self) -> list[LoweredBackendModule]:
-        gm = self.edge.exported_program().graph_module
-        return [m for _, m in gm.named_children() if isinstance(m, LoweredBackendModule)]
+    _delegated: Counter[str]
+    _outside: Counter[str]
+    delegated_nodes: list[torch.fx.Node]
 
     def delegated_ops(self) -> Counter[str]:
-        """Ops inside XNNPACK delegates, by short name."""
-        ops: Counter[str] = Counter()
-        for delegate in self.delegates():
-            for node in delegate.original_module.graph.nodes:
-                if node.op == "call_function":
-                    ops[_short(op_name(node))] += 1
-        return ops
+        """Ops inside XNNPACK delegates, by short name (``permute_copy``, ``dequantize_per_tensor``)."""
+        return self._delegated
 
     def outside_ops(self) -> Counter[str]:
-        """Ops of the top-level graph, outside any delegate (getitem and delegate calls excluded)."""
-        ops: Counter[str] = Counter()
-        for node in self._top_graph().nodes:
-            if node.op != "call_function":
-                continue
-            name = op_name(node)
-            if "executorch_call_delegate" in name or name == "getitem":
-                continue
-            ops[_short(name)] += 1
-        return ops
+        """Ops left to ExecuTorch's own kernels, by short name."""
+        return self._outside
+
+    @property
+    def num_delegates(self) -> int:
+        return sum(1 for node in self._top_nodes() if "executorch_call_delegate" in op_name(node))
+
+    def _top_nodes(self) -> list[torch.fx.Node]:
+        return list(self.edge.exported_program().graph_module.graph.nodes)
+
+
+def _placements(edge: EdgeProgramManager) -> tuple[Counter[str], Counter[str], list[torch.fx.Node]]:
+    """Ops inside XNNPACK delegates and ops outside them (delegate calls and getitem excluded)."""
+    gm = edge.exported_program().graph_module
+    delegated: Counter[str] = Counter()
+    delegated_nodes: list[torch.fx.Node] = []
+    for _, child in gm.named_children():
+        if isinstance(child, LoweredBackendModule):
+            for node in child.original_module.graph.nodes:
+                if node.op == "call_function":
+                    delegated[_short(op_name(node))] += 1
+                    delegated_nodes.append(node)
+    outside: Counter[str] = Counter()
+    for node in gm.graph.nodes:
+        name = op_name(node)
+        if node.op == "call_function" and "executorch_call_delegate" not in name and "getitem" not in name:
+            outside[_short(name)] += 1
+    return delegated, outside, delegated_nodes
 
 
 def lower(
@@ -79,8 +88,9 @@ def lower(
         edge = edge.to_backend(partitioner)
     else:
         edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], transform_passes=list(transform_passes))
+    delegated, outside, delegated_nodes = _placements(edge)
     buffer = edge.to_executorch().buffer
-    return Lowered(edge, buffer)
+    return Lowered(edge, buffer, delegated, outside, delegated_nodes)
 
 
 def run_pte(buffer: bytes, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
