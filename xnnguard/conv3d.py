@@ -12,7 +12,7 @@ from enum import Enum
 
 import torch
 
-__all__ = ["ConvKind", "conv3d_kind", "is_3d_convolution"]
+__all__ = ["ConvKind", "conv3d_kind", "is_3d_convolution", "is_3d_convolution_operator"]
 
 _CONV_TARGET_NAMES = frozenset(
     {
@@ -73,3 +73,17 @@ def conv3d_kind(node: torch.fx.Node) -> ConvKind | None:
 def is_3d_convolution(node: torch.fx.Node) -> bool:
     """True for a 3-D convolution or 3-D transposed convolution (weight of rank 5)."""
     return conv3d_kind(node) is not None
+
+
+_3D_CONVOLUTION_OPERATORS = frozenset({torch.ops.aten.conv3d, torch.ops.aten.conv_transpose3d})
+
+
+def is_3d_convolution_operator(operator: object) -> bool:
+    """True for an operator that only computes 3-D convolutions (``aten.conv3d``, ``aten.conv_transpose3d``).
+
+    For configuration keyed by operator type (a quantizer's ``set_operator_type``), where there is no
+    node whose weight could be looked at. Packets and their overloads (``conv_transpose3d.input``)
+    alike; ``aten.convolution`` serves every rank, so it is not one.
+    """
+    packet = getattr(operator, "overloadpacket", operator)
+    return isinstance(packet, torch._ops.OpOverloadPacket) and packet in _3D_CONVOLUTION_OPERATORS

@@ -1,0 +1,133 @@
+"""``xnnguard.XNNPACKQuantizer``: ExecuTorch's XNNPACK quantizer that leaves 3-D convolutions in float.
+
+A drop-in for ``executorch.backends.xnnpack.quantizer.xnnpack_quantizer.XNNPACKQuantizer`` (same
+constructor, same ``set_*`` methods, used with torchao's ``prepare_pt2e`` / ``convert_pt2e``). XNNPACK has
+no 3-D convolution, so quantize/dequantize steps around one only add error and work; ExecuTorch 1.5.1
+annotates them anyway. Here:
+
+* a 3-D convolution or 3-D transposed convolution (``xnnguard.conv3d``) is never annotated, and so
+  neither is a ReLU or batch norm fused with it: the stock annotators are handed a filter that refuses
+  the 3-D convolution, so each pattern holding one is skipped whole. The neighbours are then annotated
+  by the stock code as next to any float op: nothing has to be stripped or re-pointed afterwards;
+* ``set_operator_type(aten.conv3d | aten.conv_transpose3d, config)`` configures 3-D convolutions only,
+  which stay float. (1.5.1 looks operator types up in a table that lists 1-D, 2-D and 3-D transposed
+  convolutions together, so there the config reaches every transposed convolution.)
+* ``left_in_float`` lists every 3-D convolution after ``annotate``, and an INFO line says so;
+* ``annotate`` raises ``QuantizedConv3dError`` if a 3-D convolution is annotated all the same (by a
+  quantizer that ran before this one).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Optional
+
+import torch
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+    XNNPACKQuantizer as _StockXNNPACKQuantizer,
+)
+from torch.fx import GraphModule, Node
+from torchao.quantization.pt2e.quantizer import QuantizationConfig
+from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
+
+from xnnguard.conv3d import ConvKind, conv3d_kind, is_3d_convolution, is_3d_convolution_operator
+from xnnguard.report import KeptOut, Rule
+
+__all__ = ["QuantizedConv3dError", "XNNPACKQuantizer"]
+
+logger = logging.getLogger("xnnguard.quantizer")
+
+_NO_3D_CONV = "XNNPACK has no 3-D convolution"
+
+
+class QuantizedConv3dError(ValueError):
+    """A 3-D convolution carries a quantization annotation although XNNPACK cannot run it quantized."""
+
+
+class XNNPACKQuantizer(_StockXNNPACKQuantizer):
+    """ExecuTorch's ``XNNPACKQuantizer`` that quantizes everything it would, except 3-D convolutions.
+
+    After ``annotate`` (called for you by ``prepare_pt2e``), ``left_in_float`` lists the 3-D
+    convolutions of the model, which stay float.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left_in_float: list[KeptOut] = []
+
+    def set_operator_type(
+        self,
+        operator_type: torch._ops.OpOverloadPacket,
+        quantization_config: QuantizationConfig,
+    ) -> XNNPACKQuantizer:
+        if is_3d_convolution_operator(operator_type):
+            logger.warning(
+                "xnnguard: set_operator_type(%s) has no effect: 3-D convolutions stay float (%s); "
+                "1-D/2-D convolutions keep the config they get otherwise",
+                operator_type,
+                _NO_3D_CONV,
+            )
+        super().set_operator_type(operator_type, quantization_config)
+        return self
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        """The stock annotation, with every 3-D convolution left float and listed in ``left_in_float``.
+
+        Postcondition (``QuantizedConv3dError`` otherwise): no 3-D convolution carries a quantization spec. It can only fail when something
+        else annotated the graph first (an earlier quantizer of a ``ComposableQuantizer``), or when an
+        ExecuTorch release annotates convolutions outside the filtered hook.
+        """
+        model = super().annotate(model)
+        for node in model.graph.nodes:
+            if is_3d_convolution(node) and _is_quantized(node):
+                raise QuantizedConv3dError(
+                    f"{node.name} ({node.target}) is annotated for quantization, but {_NO_3D_CONV}; was it "
+                    "annotated before this quantizer ran (e.g. by an earlier quantizer of a ComposableQuantizer)?"
+                )
+        kinds = ((node, conv3d_kind(node)) for node in model.graph.nodes)
+        self.left_in_float = [_left_in_float(node, kind) for node, kind in kinds if kind is not None]
+        names = ", ".join(record.node for record in self.left_in_float) or "none"
+        logger.info("xnnguard: %d 3-D convolutions left in float (%s)", len(self.left_in_float), names)
+        return model
+
+    def _annotate_all_patterns(
+        self,
+        model: GraphModule,
+        quantization_config: Optional[QuantizationConfig],
+        filter_fn: Optional[Callable[[Node], bool]] = None,
+        operator_target: Optional[torch._ops.OpOverloadPacket] = None,
+    ) -> GraphModule:
+        """The stock hook every ``set_*`` config goes through, with 3-D convolutions filtered out."""
+        if operator_target is not None and is_3d_convolution_operator(operator_target):
+            # The config is meant for 3-D convolutions, which stay float: it must reach no other node.
+            return model
+        return super()._annotate_all_patterns(model, quantization_config, _refusing_3d_convolutions(filter_fn),
+                                              operator_target)
+
+
+def _refusing_3d_convolutions(filter_fn: Optional[Callable[[Node], bool]]) -> Callable[[Node], bool]:
+    """``filter_fn``, except that it refuses every 3-D convolution.
+
+    The stock annotators ask the filter about the nodes of a pattern, its convolution among them, before
+    annotating any of them: one refusal leaves the whole pattern (with its fused ReLU) float.
+    """
+
+    def accepts(node: Node) -> bool:
+        if is_3d_convolution(node):
+            return False
+        return filter_fn is None or filter_fn(node)
+
+    return accepts
+
+
+def _is_quantized(node: Node) -> bool:
+    annotation = node.meta.get(Q_ANNOTATION_KEY)
+    if annotation is None:
+        return False
+    has_input_spec = any(spec is not None for spec in annotation.input_qspec_map.values())
+    return has_input_spec or annotation.output_qspec is not None
+
+
+def _left_in_float(node: Node, kind: ConvKind) -> KeptOut:
+    reason = f"{kind.value} at node {node.name} left in float: {_NO_3D_CONV}"
+    return KeptOut(node.name, str(node.target), Rule.CONV3D, reason)  # aten.conv3d.default
