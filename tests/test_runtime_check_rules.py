@@ -1,0 +1,146 @@
+"""The delegate checks, one rule per test, on XNNPACK graphs built by hand and serialized by ExecuTorch.
+
+Each graph goes through ExecuTorch 1.5.1's own XNNPACK serializer (``serialize_xnnpack_binary``, the
+one ``to_edge_transform_and_lower`` uses), so the reader and the checks see real blob bytes.
+"""
+
+from __future__ import annotations
+
+from executorch.backends.xnnpack.serialization import xnnpack_graph_schema as xs
+from executorch.backends.xnnpack.serialization.xnnpack_graph_serialize import serialize_xnnpack_binary
+
+from xnnguard.runtime_check.checks import delegate_problems
+from xnnguard.runtime_check.flatbuffer_view import Region
+from xnnguard.runtime_check.pte_reader import DelegateCall
+from xnnguard.runtime_check.xnnpack_blob import XnnGraph, read_xnnpack_blob
+
+NO_VALUE = 0xFFFFFFFF
+INPUT, OUTPUT = 1, 2
+
+
+def tensor(id_out: int, dims: list[int], *, flags: int = 0, external_id: int = NO_VALUE, constant: int = 0) -> xs.XValue:
+    return xs.XValue(
+        xs.XNNTensorValue(xs.XNNDatatype.xnn_datatype_fp32, len(dims), dims, constant, external_id, flags, id_out)
+    )
+
+
+def add(a: int, b: int, out: int) -> xs.XNode:
+    return xs.XNode(xs.XNNAdd(input1_id=a, input2_id=b, output_id=out, flags=0), debug_handle=0)
+
+
+def serialized(values: list[xs.XValue], nodes: list[xs.XNode], num_externs: int) -> XnnGraph:
+    graph = xs.XNNGraph("0", nodes, values, num_externs, [], [], [])
+    blob = serialize_xnnpack_binary(graph, bytearray())
+    return read_xnnpack_blob(Region(blob, 0, len(blob), "blob"))
+
+
+def kinds(graph: XnnGraph, num_inputs: int, num_args: int | None = None) -> list[str]:
+    args = tuple(range(graph.num_externs if num_args is None else num_args))
+    return [p.kind for p in delegate_problems(graph, (DelegateCall(args, num_inputs),), "forward", 0)]
+
+
+# x (ext 0) + y (ext 1) -> t ; t + x -> out (ext 2): well-formed
+def well_formed_values(**changes: dict) -> list[xs.XValue]:
+    specs = {
+        0: dict(dims=[2, 3], flags=INPUT, external_id=0),
+        1: dict(dims=[2, 3], flags=INPUT, external_id=1),
+        2: dict(dims=[2, 3]),
+        3: dict(dims=[2, 3], flags=OUTPUT, external_id=2),
+    }
+    for key, change in changes.items():
+        specs[int(key[1:])] |= change
+    return [tensor(i, **spec) for i, spec in specs.items()]
+
+
+WELL_FORMED_NODES = [add(0, 1, 2), add(2, 0, 3)]
+
+
+def test_the_reader_returns_what_executorch_serialized() -> None:
+    graph = serialized(well_formed_values(), WELL_FORMED_NODES, 3)
+    assert graph.num_externs == 3
+    assert [(v.id, v.dims, v.flags, v.external_id) for v in graph.values] == [
+        (0, (2, 3), INPUT, 0),
+        (1, (2, 3), INPUT, 1),
+        (2, (2, 3), 0, NO_VALUE),
+        (3, (2, 3), OUTPUT, 2),
+    ]
+    assert [(n.op, n.inputs, n.outputs) for n in graph.nodes] == [("XNNAdd", (0, 1), (2,)), ("XNNAdd", (2, 0), (3,))]
+
+
+def test_a_missing_bias_and_unused_concatenation_inputs_are_not_reads() -> None:
+    values = [tensor(i, [2, 2], flags=INPUT, external_id=i) for i in range(3)] + [tensor(3, [2, 2]), tensor(4, [4, 2])]
+    nodes = [
+        xs.XNode(xs.XNNFullyConnected(input1_id=0, filter_id=1, bias_id=NO_VALUE, output_id=3, flags=0), 0),
+        # a 2-input concatenation whose unused slots hold 0, a real value id
+        xs.XNode(xs.XNNConcatenate2(axis=0, input1_id=3, input2_id=2, input3_id=0, input4_id=0, output_id=4,
+                                    flags=0, input5_id=0), 0),
+    ]
+    graph = serialized(values, nodes, 3)
+    assert [(n.op, n.inputs) for n in graph.nodes] == [("XNNFullyConnected", (0, 1)), ("XNNConcatenate2", (3, 2))]
+
+
+def test_a_well_formed_delegate_has_no_problem() -> None:
+    assert kinds(serialized(well_formed_values(), WELL_FORMED_NODES, 3), num_inputs=2) == []
+
+
+def test_a_tensor_above_six_dims_is_a_rank_problem() -> None:
+    graph = serialized(well_formed_values(v2=dict(dims=[1] * 7)), WELL_FORMED_NODES, 3)
+    (problem,) = delegate_problems(graph, (DelegateCall((0, 1, 2), 2),), "forward", 0)
+    assert (problem.kind, problem.value, problem.dims, problem.node, problem.op) == ("rank", 2, (1,) * 7, 0, "XNNAdd")
+    assert "above 6 dims" in problem.message
+
+
+def test_a_six_dim_tensor_is_fine() -> None:
+    assert kinds(serialized(well_formed_values(v2=dict(dims=[1] * 6)), WELL_FORMED_NODES, 3), num_inputs=2) == []
+
+
+def test_num_dims_that_disagree_with_the_listed_sizes_is_a_rank_problem() -> None:
+    values = well_formed_values()
+    values[2].xvalue_union.num_dims = 3  # lists 2 sizes
+    assert kinds(serialized(values, WELL_FORMED_NODES, 3), num_inputs=2) == ["rank"]
+
+
+def test_reading_a_value_nothing_writes_is_an_unwritten_value() -> None:
+    # value 1 lost its input flag: node 0 reads it, nothing writes it (and external id 1 binds nothing)
+    graph = serialized(well_formed_values(v1=dict(flags=0, external_id=NO_VALUE)), WELL_FORMED_NODES, 3)
+    problems = delegate_problems(graph, (DelegateCall((0, 1, 2), 2),), "forward", 0)
+    unwritten = [p for p in problems if p.kind == "unwritten_value"]
+    assert [(p.node, p.value) for p in unwritten] == [(0, 1)]
+
+
+def test_a_constant_counts_as_written() -> None:
+    values = well_formed_values(v1=dict(flags=0, external_id=NO_VALUE, constant=1), v3=dict(external_id=1))
+    graph = serialized(values, WELL_FORMED_NODES, 2)
+    assert kinds(graph, num_inputs=1) == []
+
+
+def test_reading_an_id_the_delegate_never_defines_is_an_unwritten_value() -> None:
+    graph = serialized(well_formed_values(), [add(0, 9, 2), add(2, 0, 3)], 3)
+    assert kinds(graph, num_inputs=2) == ["unwritten_value"]
+
+
+def test_an_external_output_no_node_writes_is_an_unwritten_output() -> None:
+    graph = serialized(well_formed_values(), [add(0, 1, 2)], 3)  # nothing writes value 3 any more
+    (problem,) = delegate_problems(graph, (DelegateCall((0, 1, 2), 2),), "forward", 0)
+    assert (problem.kind, problem.value) == ("unwritten_output", 3)
+
+
+def test_a_delegate_output_bound_to_no_value_is_an_unwritten_output() -> None:
+    # the orphaned implicit q/dq shape: four arguments, two of them outputs, no value bound to them
+    graph = serialized(well_formed_values(), WELL_FORMED_NODES, 5)
+    assert kinds(graph, num_inputs=4) == ["extern_ids", "unwritten_output"]  # args 3 (an input), 4 (an output)
+
+
+def test_an_external_id_used_twice_is_an_extern_ids_problem() -> None:
+    graph = serialized(well_formed_values(v1=dict(external_id=0)), WELL_FORMED_NODES, 3)
+    assert sorted(set(kinds(graph, num_inputs=2))) == ["extern_ids"]
+
+
+def test_an_external_id_out_of_range_is_an_extern_ids_problem() -> None:
+    graph = serialized(well_formed_values(v3=dict(external_id=7)), WELL_FORMED_NODES, 3)
+    assert "extern_ids" in kinds(graph, num_inputs=2)
+
+
+def test_a_call_with_another_argument_count_than_num_externs_is_an_extern_ids_problem() -> None:
+    graph = serialized(well_formed_values(), WELL_FORMED_NODES, 3)
+    assert kinds(graph, num_inputs=2, num_args=4) == ["extern_ids"]

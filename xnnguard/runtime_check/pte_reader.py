@@ -1,0 +1,217 @@
+"""What a ``.pte`` holds for the verifier: its methods, their delegates (blob location) and kernel calls.
+
+Reads the Program flatbuffer in place (memory-mapped for files) and stops there: delegate blobs are
+handed out as regions of the same buffer, and weights (named data, constant segments) are never
+touched. ``deserialize_pte_binary`` is not used because it copies every segment back into memory.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Union
+
+from xnnguard.runtime_check.fbs_schema import Schema, executorch_schema
+from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView, root_table
+
+__all__ = ["Delegate", "DelegateCall", "Method", "PteReadError", "PteSource", "open_pte", "read_methods", "source_name"]
+
+PteSource = Union[str, os.PathLike, bytes, bytearray, memoryview]
+
+_PROGRAM_IDENTIFIER = b"ET12"
+_EXTENDED_HEADER_MAGIC = b"eh00"
+_EXTENDED_HEADER_MIN_LENGTH = 24  # magic, length, program_size, segment_base_offset
+_DATA_LOCATION_INLINE = 0
+
+
+class PteReadError(ValueError):
+    """The input is not a readable ExecuTorch program; the message names the input and what is wrong."""
+
+
+@dataclass(frozen=True)
+class DelegateCall:
+    """One call of a delegate: its arguments are the delegate's inputs, then its outputs (EValue indices).
+
+    The split is found from the method's dataflow: an output is a memory-planned tensor that is not a
+    method input and that no earlier instruction mentions (the call is where it is first written).
+    """
+
+    args: tuple[int, ...]
+    num_inputs: int
+
+
+@dataclass(frozen=True)
+class Delegate:
+    """One backend delegate of a method; ``blob`` is where its processed bytes lie (not copied)."""
+
+    index: int
+    backend: str
+    blob: Region
+    calls: tuple[DelegateCall, ...]
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    delegates: tuple[Delegate, ...]
+    kernel_operators: tuple[str, ...]  # "aten::add.out" for each operator a KernelCall uses, first use first
+
+
+def _program_schema() -> Schema:
+    return executorch_schema("exir/_serialize/program.fbs")
+
+
+def source_name(source: PteSource) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return os.fspath(source)
+    return f"<{len(source)} bytes>" if not isinstance(source, memoryview) else f"<{source.nbytes} bytes>"
+
+
+@contextmanager
+def open_pte(source: PteSource) -> Iterator[Any]:
+    """The bytes of ``source`` as a buffer: a read-only memory map for a path, the object itself otherwise."""
+    if not isinstance(source, (str, os.PathLike)):
+        yield source if not isinstance(source, memoryview) else source.cast("B")
+        return
+    name = os.fspath(source)
+    try:
+        with open(name, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size == 0:
+                yield b""
+                return
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    except IsADirectoryError:
+        raise PteReadError(f"{name}: is a directory, not a .pte file") from None
+    except OSError as error:
+        raise PteReadError(f"{name}: cannot open: {error.strerror or error}") from None
+    try:
+        yield mapped
+    finally:
+        mapped.close()
+
+
+def _program_region(buffer: Any, name: str) -> tuple[Region, int]:
+    """The Program flatbuffer's region and the segment base offset (0 without an extended header)."""
+    size = len(buffer)
+    if size == 0:
+        raise PteReadError(f"{name}: empty file")
+    if size < 8 or bytes(buffer[4:8]) != _PROGRAM_IDENTIFIER:
+        found = bytes(buffer[4:8]) if size >= 8 else b""
+        raise PteReadError(
+            f"{name}: not an ExecuTorch program (no {_PROGRAM_IDENTIFIER.decode()} identifier at bytes 4..8"
+            f"{f', found {found!r}' if found else ''})"
+        )
+    program_size, segment_base = size, 0
+    if size >= 8 + _EXTENDED_HEADER_MIN_LENGTH and bytes(buffer[8:12]) == _EXTENDED_HEADER_MAGIC:
+        header_length, program_size, segment_base = struct.unpack_from("<IQQ", buffer, 12)
+        if header_length < _EXTENDED_HEADER_MIN_LENGTH:
+            raise PteReadError(f"{name}: extended header length {header_length} is too small")
+        if not 8 + header_length <= program_size <= size:
+            raise PteReadError(f"{name}: extended header says the program has {program_size} bytes, file has {size}")
+        if segment_base and not program_size <= segment_base <= size:
+            raise PteReadError(f"{name}: segment base offset {segment_base} lies outside the file ({size} bytes)")
+    return Region(buffer, 0, program_size, f"{name}: Program"), segment_base
+
+
+def _blob_region(program: TableView, reference: TableView | None, segment_base: int, name: str) -> Region:
+    if reference is None:
+        raise FlatbufferError("delegate has no processed data reference")
+    index = reference.scalar("index")
+    what = f"{name}: delegate blob"
+    if reference.scalar("location") == _DATA_LOCATION_INLINE:
+        inline = program.tables("backend_delegate_data")
+        if index >= len(inline):
+            raise FlatbufferError(f"inline delegate data {index} does not exist ({len(inline)} entries)")
+        start, length = inline[index].vector_span("data")
+        return Region(program.region.buffer, start, start + length, what)
+    segments = program.tables("segments")
+    if index >= len(segments):
+        raise FlatbufferError(f"delegate segment {index} does not exist ({len(segments)} segments)")
+    offset, length = segments[index].scalar("offset"), segments[index].scalar("size")
+    start = segment_base + offset
+    if not segment_base or start + length > len(program.region.buffer):
+        raise FlatbufferError(
+            f"delegate segment {index} (bytes {start}..{start + length}) lies outside the file "
+            f"({len(program.region.buffer)} bytes)"
+        )
+    return Region(program.region.buffer, start, start + length, what)
+
+
+def _mentioned_values(kind: str, args: TableView) -> tuple[int, ...]:
+    """EValue indices an instruction reads or writes."""
+    if kind in ("KernelCall", "DelegateCall"):
+        return args.scalars("args")
+    if kind == "MoveCall":
+        return (args.scalar("move_from"), args.scalar("move_to"))
+    if kind == "JumpFalseCall":
+        return (args.scalar("cond_value_index"),)
+    if kind == "FreeCall":
+        return (args.scalar("value_index"),)
+    return ()
+
+
+def _is_planned_tensor(values: list[TableView], index: int) -> bool:
+    if not 0 <= index < len(values):
+        raise FlatbufferError(f"an instruction uses value {index}, the plan has {len(values)}")
+    kind, tensor = values[index].union("val")
+    return kind == "Tensor" and tensor is not None and tensor.has("allocation_info")
+
+
+def _delegate_call(args: tuple[int, ...], values: list[TableView], known: set[int]) -> DelegateCall:
+    num_inputs = len(args)
+    while num_inputs and args[num_inputs - 1] not in known and _is_planned_tensor(values, args[num_inputs - 1]):
+        num_inputs -= 1
+    return DelegateCall(args, num_inputs)
+
+
+def _method(plan: TableView, program: TableView, segment_base: int, name: str) -> Method:
+    operators = [
+        f"{op.string('name')}.{overload}" if (overload := op.string("overload")) else op.string("name")
+        for op in plan.tables("operators")
+    ]
+    values = plan.tables("values")
+    known = set(plan.scalars("inputs"))  # values that exist before the instruction at hand
+    calls: dict[int, list[DelegateCall]] = {}
+    used_operators: dict[str, None] = {}
+    for chain in plan.tables("chains"):
+        for instruction in chain.tables("instructions"):
+            kind, args = instruction.union("instr_args")
+            if args is None:
+                continue
+            if kind == "DelegateCall":
+                call = _delegate_call(args.scalars("args"), values, known)
+                calls.setdefault(args.scalar("delegate_index"), []).append(call)
+            elif kind == "KernelCall":
+                op_index = args.scalar("op_index")
+                if not 0 <= op_index < len(operators):
+                    raise FlatbufferError(f"kernel call of operator {op_index}, the plan has {len(operators)}")
+                used_operators[operators[op_index]] = None
+            known.update(_mentioned_values(kind, args))
+    delegates = tuple(
+        Delegate(
+            index=index,
+            backend=delegate.string("id"),
+            blob=_blob_region(program, delegate.table("processed"), segment_base, name),
+            calls=tuple(calls.get(index, ())),
+        )
+        for index, delegate in enumerate(plan.tables("delegates"))
+    )
+    return Method(plan.string("name"), delegates, tuple(used_operators))
+
+
+def read_methods(buffer: Any, name: str) -> list[Method]:
+    """Every method of the program in ``buffer``; raises ``PteReadError`` naming ``name`` and the damage."""
+    region, segment_base = _program_region(buffer, name)
+    try:
+        program = root_table(region, "Program", _program_schema())
+        plans = program.tables("execution_plan")
+        if not plans:
+            raise FlatbufferError("the program has no execution plan (method)")
+        return [_method(plan, program, segment_base, name) for plan in plans]
+    except FlatbufferError as error:
+        raise PteReadError(f"{name}: damaged program: {error}") from None

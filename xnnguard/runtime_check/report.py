@@ -1,0 +1,94 @@
+"""What the verifier found in one ``.pte``: plain data, printed (or serialized) by whoever wants to."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Problem", "Report"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing that will go wrong on device.
+
+    ``kind`` says which check found it (``"rank"``, ``"unwritten_value"``, ``"unwritten_output"``,
+    ``"extern_ids"``, ``"blob_format"``, ``"missing_kernel"``, ``"load"``, ``"run"``); ``message`` says in a
+    sentence what and what will happen. The other fields locate it; None where they do not apply.
+    """
+
+    kind: str
+    message: str
+    method: str | None = None
+    delegate: int | None = None
+    node: int | None = None
+    op: str | None = None
+    value: int | None = None
+    dims: tuple[int, ...] | None = None
+
+    @property
+    def location(self) -> str:
+        """``forward/delegate 0/node 3 (XNNConv2d)/value 5 [1, 3, 8, 8]``, only the parts that are known."""
+        parts = []
+        if self.method is not None:
+            parts.append(self.method)
+        if self.delegate is not None:
+            parts.append(f"delegate {self.delegate}")
+        if self.node is not None:
+            parts.append(f"node {self.node}" + (f" ({self.op})" if self.op else ""))
+        if self.value is not None:
+            parts.append(f"value {self.value}" + (f" {list(self.dims)}" if self.dims is not None else ""))
+        return "/".join(parts)
+
+    def __str__(self) -> str:
+        where = self.location
+        return f"[{self.kind}] {where + ': ' if where else ''}{self.message}"
+
+
+@dataclass(frozen=True)
+class Report:
+    """The verdict on one program: ``ok`` when no problem was found, and what was looked at."""
+
+    source: str
+    problems: tuple[Problem, ...] = ()
+    methods: int = 0
+    delegates: int = 0  # XNNPACK delegates checked
+    nodes: int = 0
+    values: int = 0
+    other_delegates: tuple[str, ...] = ()  # backends of delegates that are not XNNPACK (not checked)
+    loaded: bool = False
+    ran: bool = False
+    runtime_log: str = field(default="", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def kinds(self) -> set[str]:
+        return {problem.kind for problem in self.problems}
+
+    def summary(self) -> str:
+        """One line: verdict, file and what was checked."""
+        checked = (
+            f"{self.methods} method{'s' * (self.methods != 1)}, {self.delegates} XNNPACK "
+            f"delegate{'s' * (self.delegates != 1)}, {self.nodes} nodes, {self.values} values"
+        )
+        if self.other_delegates:
+            checked += f", not checked: {', '.join(self.other_delegates)}"
+        if self.loaded:
+            checked += ", loaded" + (" and ran" if self.ran else "")
+        if self.ok:
+            return f"ok    {self.source} ({checked})"
+        count = len(self.problems)
+        return f"FAIL  {self.source}: {count} problem{'s' * (count != 1)} ({checked})"
+
+    def __str__(self) -> str:
+        return "\n".join([self.summary(), *(f"  {problem}" for problem in self.problems)])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the same content as the text form."""
+        data = asdict(self)
+        data["ok"] = self.ok
+        data["problems"] = [asdict(p) | {"dims": list(p.dims) if p.dims is not None else None} for p in self.problems]
+        data["other_delegates"] = list(self.other_delegates)
+        return data

@@ -1,0 +1,167 @@
+"""Load (and optionally run) a program with the real ExecuTorch runtime, capturing what it logs.
+
+The static checks say what *will* fail; this asks the runtime itself. Its C++ log lines go to file
+descriptor 2, not to ``sys.stderr``, so they are captured by pointing fd 2 at a temporary file for the
+duration: they end up in the report instead of on the terminal. fd 2 is process-wide, so one load runs
+at a time per process (the CLI checks files in parallel with processes, not threads).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from xnnguard.runtime_check.report import Problem
+
+__all__ = ["RuntimeOutcome", "captured_fd2", "load_and_run"]
+
+logger = logging.getLogger("xnnguard.runtime_check")
+
+_LOG_LIMIT = 64 * 1024  # keep the last 64 KiB of runtime log per file
+_fd2_lock = threading.Lock()
+
+# ExecuTorch ScalarType code -> torch dtype name, for generating inputs of the declared dtype.
+_SCALAR_TYPES = {
+    0: "uint8",
+    1: "int8",
+    2: "int16",
+    3: "int32",
+    4: "int64",
+    5: "float16",
+    6: "float32",
+    7: "float64",
+    11: "bool",
+    15: "bfloat16",
+}
+
+
+@dataclass
+class RuntimeOutcome:
+    problems: list[Problem] = field(default_factory=list)
+    log: str = ""
+    loaded: bool = False
+    ran: bool = False
+
+
+class Fd2Capture:
+    """Text written to fd 2 while capturing; ``mark()`` then ``text(mark)`` gives one step's lines."""
+
+    def __init__(self, sink: Any) -> None:
+        self._sink = sink
+
+    def mark(self) -> int:
+        sys.stderr.flush()
+        return os.fstat(self._sink.fileno()).st_size
+
+    def text(self, start: int = 0) -> str:
+        end = self.mark()
+        start = max(start, end - _LOG_LIMIT)
+        return os.pread(self._sink.fileno(), end - start, start).decode("utf-8", errors="replace")
+
+
+@contextmanager
+def captured_fd2() -> Iterator[Fd2Capture]:
+    """Send fd 2 (the runtime's C++ log) to a temporary file while the block runs."""
+    with _fd2_lock, tempfile.TemporaryFile(mode="w+b") as sink:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield Fd2Capture(sink)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _runtime_errors(log: str) -> str:
+    """The runtime's own explanation: the log lines that say something failed."""
+    lines = [line.strip() for line in log.splitlines() if "fail" in line.lower() or "error" in line.lower()]
+    return "; ".join(line for line in lines if not line.startswith("[cpuinfo"))[-1000:]
+
+
+def _inputs(meta: Any) -> list[Any] | None:
+    """Generated inputs of the declared shapes and dtypes, or None when one is not a tensor we can make."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = []
+    for index in range(meta.num_inputs()):
+        try:
+            info = meta.input_tensor_meta(index)
+        except Exception:  # a non-tensor input: the runtime raises for it
+            return None
+        dtype_name = _SCALAR_TYPES.get(info.dtype())
+        if dtype_name is None:
+            return None
+        dtype = getattr(torch, dtype_name)
+        sizes = tuple(info.sizes())
+        if dtype.is_floating_point:
+            inputs.append(torch.randn(sizes, generator=generator).to(dtype))
+        else:
+            inputs.append(torch.zeros(sizes, dtype=dtype))
+    return inputs
+
+
+def _load_program(source: Any) -> Any:
+    from executorch.extension.pybindings import portable_lib
+
+    try:  # q/dq left outside XNNPACK need these kernels; the runtime a program ships with links them too
+        import executorch.kernels.quantized  # noqa: F401
+    except ImportError:
+        pass
+    if isinstance(source, (str, os.PathLike)):
+        return portable_lib._load_program(os.fspath(source))
+    return portable_lib._load_program_from_buffer(bytes(source))
+
+
+def _failure(kind: str, what: str, error: BaseException, log: str, method: str | None = None) -> Problem:
+    explanation = _runtime_errors(log)
+    return Problem(kind, f"{what}: {error}" + (f" ({explanation})" if explanation else ""), method=method)
+
+
+def load_and_run(source: Any, method_names: list[str], *, run: bool) -> RuntimeOutcome:
+    """Load every method of ``source`` (a path or bytes); with ``run``, execute each once on generated inputs."""
+    outcome = RuntimeOutcome()
+    with captured_fd2() as capture:
+        mark = capture.mark()
+        try:
+            program = _load_program(source)
+        except Exception as error:  # the runtime reports each failure as an exception with its message
+            outcome.problems.append(_failure("load", "the runtime cannot load the program", error, capture.text(mark)))
+            outcome.log = capture.text()
+            return outcome
+        methods: dict[str, Any] = {}
+        for name in method_names:
+            mark = capture.mark()
+            try:
+                methods[name] = program.load_method(name)
+            except Exception as error:
+                outcome.problems.append(
+                    _failure("load", "the runtime cannot load the method", error, capture.text(mark), name)
+                )
+        outcome.loaded = len(methods) == len(method_names)
+        ran = []
+        for name, method in methods.items() if run else ():
+            inputs = _inputs(method.method_meta())
+            if inputs is None:
+                logger.info("not running %s: an input is not a tensor of a known dtype", name)
+                continue
+            mark = capture.mark()
+            try:
+                method.call(inputs)
+                ran.append(name)
+            except Exception as error:
+                outcome.problems.append(
+                    _failure("run", "the method fails on generated inputs", error, capture.text(mark), name)
+                )
+        outcome.ran = bool(ran) and len(ran) == len(method_names)
+        outcome.log = capture.text()
+    return outcome

@@ -1,0 +1,84 @@
+"""``verify_pte``: every check on one ``.pte``, statically and, on request, with the real runtime."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from xnnguard.runtime_check.checks import delegate_problems
+from xnnguard.runtime_check.missing_kernels import missing_kernel_problems, registered_operators
+from xnnguard.runtime_check.pte_reader import PteReadError, PteSource, open_pte, read_methods, source_name
+from xnnguard.runtime_check.report import Problem, Report
+from xnnguard.runtime_check.xnnpack_blob import XNNPACK_BACKEND_ID, BlobFormatError, read_xnnpack_blob
+
+__all__ = ["PteReadError", "assert_pte_ok", "verify_pte"]
+
+logger = logging.getLogger("xnnguard.runtime_check")
+
+
+def verify_pte(source: PteSource, *, load: bool = False, run: bool = False, kernels: bool = True) -> Report:
+    """Check every XNNPACK delegate of ``source`` (a path, bytes or memoryview).
+
+    Static checks: tensor ranks, dataflow (values read but never written, outputs never written) and
+    external ids, per method and delegate; with ``kernels``, operators outside the delegates that the
+    installed runtime has no kernel for. ``load`` also loads each method with the real runtime, ``run``
+    also executes it once on generated inputs; their log lines go into ``Report.runtime_log``.
+
+    Raises ``PteReadError`` (naming the input and the damage) when ``source`` is not a readable program.
+    """
+    name = source_name(source)
+    load = load or run
+    problems: list[Problem] = []
+    delegates = nodes = values = 0
+    other: list[str] = []
+    with open_pte(source) as buffer:
+        methods = read_methods(buffer, name)
+        for method in methods:
+            for delegate in method.delegates:
+                if delegate.backend != XNNPACK_BACKEND_ID:
+                    other.append(delegate.backend)
+                    continue
+                try:
+                    graph = read_xnnpack_blob(delegate.blob)
+                except BlobFormatError as error:
+                    message = f"the XNNPACK blob is damaged: {error}"
+                    problems.append(Problem("blob_format", message, method=method.name, delegate=delegate.index))
+                    continue
+                delegates += 1
+                nodes += len(graph.nodes)
+                values += len(graph.values)
+                problems += delegate_problems(graph, delegate.calls, method.name, delegate.index)
+    registered = registered_operators() if kernels else None
+    if registered is not None:
+        for method in methods:
+            problems += missing_kernel_problems(method, registered)
+    report = Report(
+        source=name,
+        problems=tuple(problems),
+        methods=len(methods),
+        delegates=delegates,
+        nodes=nodes,
+        values=values,
+        other_delegates=tuple(sorted(set(other))),
+    )
+    if load:
+        from xnnguard.runtime_check.runtime_load import load_and_run
+
+        outcome = load_and_run(source, [method.name for method in methods], run=run)
+        report = replace(
+            report,
+            problems=report.problems + tuple(outcome.problems),
+            loaded=outcome.loaded,
+            ran=outcome.ran,
+            runtime_log=outcome.log,
+        )
+    logger.debug("%s", report.summary())
+    return report
+
+
+def assert_pte_ok(source: PteSource, *, load: bool = False, run: bool = False, kernels: bool = True) -> Report:
+    """``verify_pte`` for tests: raises ``AssertionError`` listing every problem, returns the report otherwise."""
+    report = verify_pte(source, load=load, run=run, kernels=kernels)
+    if not report.ok:
+        raise AssertionError(str(report))
+    return report
