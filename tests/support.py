@@ -16,7 +16,9 @@ __all__ = [
     "Lowered",
     "lower",
     "quantize_pt2e",
+    "quant_step",
     "run_pte",
+    "xnnpack_quantizer",
 ]
 
 
@@ -113,3 +115,36 @@ def quantize_pt2e(
     prepared = prepare_pt2e(exported, quantizer)
     prepared(*inputs)
     return convert_pt2e(prepared)
+
+
+def quant_step(converted: torch.fx.GraphModule, expected: torch.Tensor) -> float:
+    """One quantization step of ``converted``: its largest static activation scale.
+
+    A dynamically quantized model has no static scale; there a step is that of an int8 grid over the
+    range of the expected output.
+    """
+    scales = [
+        float(node.args[1])
+        for node in converted.graph.nodes
+        if node.op == "call_function"
+        and "quantize_per_tensor" in str(node.target)
+        and isinstance(node.args[1], (int, float))
+    ]
+    if scales:
+        return max(scales)
+    return float(expected.max() - expected.min()) / 255
+
+
+def xnnpack_quantizer(*, per_channel: bool = True, dynamic: bool = False, float_output: bool = False) -> Any:
+    """ExecuTorch's own XNNPACKQuantizer with a global symmetric config (``float_output``: no output q)."""
+    import dataclasses
+
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    config = get_symmetric_quantization_config(is_per_channel=per_channel, is_dynamic=dynamic)
+    if float_output:
+        config = dataclasses.replace(config, output_activation=None)
+    return XNNPACKQuantizer().set_global(config)

@@ -6,9 +6,9 @@ the stock matching it
 
 * never delegates a node that ``keep_out_reason`` forbids (above 6 dims, 3-D convolution, user tag), and
   does not keep such an op whole for XNNPACK (a linear on an 8-D input decomposes, its 2-D matmul stays);
-* checks every node a partition takes: optional members that are forbidden (the high-rank views of a
-  linear's source partition, a fused activation above 6 dims) stay outside; a match that needs a
-  forbidden op or q/dq is not taken; a partition that still holds a forbidden node is not taken;
+* checks every node a partition takes (partitions are unions of config matches, and every match is
+  checked): optional members that are forbidden (the high-rank views of a linear's source partition, a
+  fused activation above 6 dims) stay outside; a match that needs a forbidden op or q/dq is not taken;
 * marks q/dq implicit only once the partition of their op is taken (``xnnguard.passes.implicit_qdq``);
 * applies ``force_non_static_weights_for_f32_linear`` to float linears only;
 * records what it kept out and why in ``kept_out``, and logs a one-line summary at INFO.
@@ -211,15 +211,9 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         return admissible
 
     def generate_partitions(self, ep: ExportedProgram) -> list[Partition]:
-        """Take only partitions whose every node may go to XNNPACK, then mark their implicit q/dq."""
-        taken = []
-        for partition in super().generate_partitions(ep):
-            forbidden = [r for r in map(keep_out_reason, partition.nodes) if r is not None]
-            for record in forbidden:
-                self._ledger.keep_out(record)
-            if not forbidden:
-                taken.append(partition)
-        partition_of = {node: p.id for p in taken for node in p.nodes}
+        """The stock grouping of the admitted matches; then the implicit q/dq of taken ops are marked."""
+        partitions = super().generate_partitions(ep)
+        partition_of = {node: p.id for p in partitions for node in p.nodes}
         for match in self._ledger.matches:
             owner = partition_of.get(match.anchor)
             if owner is None:
@@ -227,7 +221,7 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
             for qdq in match.implicit:
                 if partition_of.get(qdq) == owner:
                     implicit_qdq.mark_implicit(qdq)
-        return taken
+        return partitions
 
     @staticmethod
     def _register_quantized_kernels_if_needed(gm: torch.fx.GraphModule) -> None:
