@@ -152,7 +152,9 @@ def extern_id_problems(graph: XnnGraph, calls: tuple[DelegateCall, ...], method:
             )
             problems.append(Problem("extern_ids", message, **at))
     num_inputs = calls[0].num_inputs if calls else graph.num_externs
-    for external_id in range(graph.num_externs):
+    # A damaged num_externs can be 2**32 - 1: look only at ids an argument or a value could take.
+    bound = min(graph.num_externs, max(len(calls[0].args) if calls else 0, len(externals)))
+    for external_id in range(bound):
         if uses[external_id]:
             continue
         if external_id >= num_inputs:

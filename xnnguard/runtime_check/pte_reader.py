@@ -169,6 +169,19 @@ def _delegate_call(args: tuple[int, ...], values: list[TableView], known: set[in
     return DelegateCall(args, num_inputs)
 
 
+def _check_segments(program: TableView, segment_base: int, size: int) -> None:
+    """Every segment (weights included) lies in the file: a cut-off file fails at load, so say so now.
+
+    Only the segment table is read, never the segment bytes.
+    """
+    for index, segment in enumerate(program.tables("segments")):
+        end = segment_base + segment.scalar("offset") + segment.scalar("size")
+        if not segment_base or end > size:
+            raise FlatbufferError(
+                f"segment {index} ends at byte {end}, past the end of the file ({size} bytes): the file is cut off"
+            )
+
+
 def _method(plan: TableView, program: TableView, segment_base: int, name: str) -> Method:
     operators = [
         f"{op.string('name')}.{overload}" if (overload := op.string("overload")) else op.string("name")
@@ -209,6 +222,7 @@ def read_methods(buffer: Any, name: str) -> list[Method]:
     region, segment_base = _program_region(buffer, name)
     try:
         program = root_table(region, "Program", _program_schema())
+        _check_segments(program, segment_base, len(buffer))
         plans = program.tables("execution_plan")
         if not plans:
             raise FlatbufferError("the program has no execution plan (method)")
