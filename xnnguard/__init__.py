@@ -19,12 +19,17 @@ _PUBLIC = {
     "KeptOut": "xnnguard.report",
     "Rule": "xnnguard.report",
     "XNN_MAX_TENSOR_DIMS": "xnnguard.rank_limit",
+    "XNNPACKQuantizer": "xnnguard.quantizer",
+    "verify_pte": "xnnguard.runtime_check",
+    "assert_pte_ok": "xnnguard.runtime_check",
 }
 
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
     from xnnguard.passes import DO_NOT_DELEGATE, TagConv3dPass, TagHighRankPass, XnnpackPartitioner
+    from xnnguard.quantizer import XNNPACKQuantizer
+    from xnnguard.runtime_check import assert_pte_ok, verify_pte
     from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS
     from xnnguard.report import KeptOut, Rule
 

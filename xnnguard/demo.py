@@ -1,0 +1,178 @@
+"""``make demo``: built-in models lowered with stock ExecuTorch 1.5.1 and with xnnguard, loaded and run.
+
+Prints one row per model: what the stock program does (load error / run error / wrong by X / ok) next to
+what xnnguard's does, the largest error against the reference, and how many ops each put on XNNPACK.
+The ``.pte`` files are written to ``demo-out/`` (or ``--out``) for ``xnnguard verify``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from xnnguard import example_models as models
+
+logger = logging.getLogger("xnnguard.demo")
+
+Inputs = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """How one side (stock or xnnguard) turns a model into an ExportedProgram and a reference output."""
+
+    prepare: Callable[[torch.nn.Module, Inputs], tuple[torch.export.ExportedProgram, torch.Tensor]]
+    partitioner: Callable[[], object]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    build: Callable[[], tuple[torch.nn.Module, Inputs]]
+    quantize: str | None = None  # None (float), "static", "static-float-output" or "dynamic"
+
+
+@dataclass
+class Outcome:
+    verdict: str
+    max_error: float | None
+    delegated_ops: int
+
+
+def _stock_partitioner() -> object:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return XnnpackPartitioner()
+
+
+def _guarded_partitioner() -> object:
+    from xnnguard import XnnpackPartitioner
+
+    return XnnpackPartitioner()
+
+
+def _quantization_config(kind: str):  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
+
+    config = get_symmetric_quantization_config(is_per_channel=kind != "static-float-output", is_dynamic=kind == "dynamic")
+    return dataclasses.replace(config, output_activation=None) if kind == "static-float-output" else config
+
+
+def _prepare(case: Case, model: torch.nn.Module, inputs: Inputs, *, guarded: bool):
+    """Export (and, for quantized cases, quantize with pt2e) the way each side would."""
+    model = model.eval()
+    if case.quantize is None:
+        return torch.export.export(model, inputs), model(*inputs)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    if guarded:
+        from xnnguard import XNNPACKQuantizer
+    else:
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
+    quantizer = XNNPACKQuantizer().set_global(_quantization_config(case.quantize))
+    prepared = prepare_pt2e(torch.export.export(model, inputs).module(), quantizer)
+    prepared(*inputs)
+    converted = convert_pt2e(prepared)
+    return torch.export.export(converted, inputs), converted(*inputs)
+
+
+def _lower_and_run(ep: torch.export.ExportedProgram, inputs: Inputs, expected: torch.Tensor, partitioner: object,
+                   pte_path: Path) -> Outcome:
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.extension.pybindings import portable_lib
+
+    from xnnguard.runtime_check.runtime_load import captured_fd2
+
+    try:
+        edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
+        delegated = sum(
+            1
+            for _, child in edge.exported_program().graph_module.named_children()
+            if hasattr(child, "original_module")
+            for node in child.original_module.graph.nodes
+            if node.op == "call_function"
+        )
+        buffer = edge.to_executorch().buffer
+    except Exception as error:  # a lowering failure is a result to show, not a crash of the demo
+        return Outcome(f"lowering error: {str(error).splitlines()[0][:60]}", None, 0)
+    pte_path.write_bytes(buffer)
+    with captured_fd2():
+        try:
+            method = portable_lib._load_program_from_buffer(buffer).load_method("forward")
+        except Exception:
+            return Outcome("load error", None, delegated)
+        try:
+            out = method.call(list(inputs))[0]
+        except Exception:
+            return Outcome("run error", None, delegated)
+    error = (out - expected).abs().max().item()
+    scale = max(expected.abs().max().item(), 1e-6)
+    verdict = "ok" if error <= 0.02 * scale else f"wrong by {error:.3g}"
+    return Outcome(verdict, error, delegated)
+
+
+CASES: tuple[Case, ...] = (
+    Case("patchify (8-D permute)", lambda: (models.Patchify(), models.Patchify.example_inputs())),
+    Case("linear on 8-D input", lambda: (models.HighRankLinear(), models.HighRankLinear.example_inputs())),
+    Case("int8 conv2d, float output", lambda: (models.Conv2dReLU(relu=False), models.Conv2dReLU.example_inputs()),
+         quantize="static-float-output"),
+    Case("int8 linear, float output", lambda: (models.LinearModel(), (torch.randn(4, 16),)),
+         quantize="static-float-output"),
+    Case("int8 conv2d + relu", lambda: (models.Conv2dReLU(), models.Conv2dReLU.example_inputs()), quantize="static"),
+)
+
+
+def run_demo(out_dir: Path, cases: tuple[Case, ...] = CASES) -> list[tuple[str, Outcome, Outcome]]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for index, case in enumerate(cases):
+        torch.manual_seed(index)
+        model, inputs = case.build()
+        results = []
+        for side, guarded, make_partitioner in (("stock", False, _stock_partitioner),
+                                                ("xnnguard", True, _guarded_partitioner)):
+            logger.info("%s: lowering with %s", case.name, side)
+            ep, expected = _prepare(case, model, inputs, guarded=guarded)
+            slug = "".join(c if c.isalnum() else "_" for c in case.name).strip("_")
+            results.append(_lower_and_run(ep, inputs, expected, make_partitioner(), out_dir / f"{slug}.{side}.pte"))
+        rows.append((case.name, results[0], results[1]))
+    return rows
+
+
+def _table(rows: list[tuple[str, Outcome, Outcome]]) -> str:
+    header = ("model", "stock 1.5.1", "xnnguard", "xnnguard max err", "ops on XNNPACK stock/xnnguard")
+    body = [
+        (name, stock.verdict, guarded.verdict,
+         "-" if guarded.max_error is None else f"{guarded.max_error:.2e}",
+         f"{stock.delegated_ops}/{guarded.delegated_ops}")
+        for name, stock, guarded in rows
+    ]
+    widths = [max(len(str(r[i])) for r in (header, *body)) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *body)]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xnnguard.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="where to write the .pte files")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    print(f"Lowering {len(CASES)} example models with stock ExecuTorch 1.5.1 and with xnnguard ...", flush=True)
+    rows = run_demo(args.out)
+    print(_table(rows))
+    print(f"\n.pte files written to {args.out}/ (check them with: xnnguard verify {args.out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
