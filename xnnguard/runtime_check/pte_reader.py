@@ -175,8 +175,9 @@ def _check_segments(program: TableView, segment_base: int, size: int) -> None:
     Only the segment table is read, never the segment bytes.
     """
     for index, segment in enumerate(program.tables("segments")):
-        end = segment_base + segment.scalar("offset") + segment.scalar("size")
-        if not segment_base or end > size:
+        length = segment.scalar("size")
+        end = segment_base + segment.scalar("offset") + length
+        if length and (not segment_base or end > size):
             raise FlatbufferError(
                 f"segment {index} ends at byte {end}, past the end of the file ({size} bytes): the file is cut off"
             )

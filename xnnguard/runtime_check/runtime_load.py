@@ -1,9 +1,9 @@
 """Load (and optionally run) a program with the real ExecuTorch runtime, capturing what it logs.
 
-The static checks say what *will* fail; this asks the runtime itself. Its C++ log lines go to file
-descriptor 2, not to ``sys.stderr``, so they are captured by pointing fd 2 at a temporary file for the
-duration: they end up in the report instead of on the terminal. fd 2 is process-wide, so one load runs
-at a time per process (the CLI checks files in parallel with processes, not threads).
+The static checks say what *will* fail; this asks the runtime itself. Its log lines are captured into
+the report instead of landing on the terminal: the pybindings print them through ``sys.stderr`` and
+native libraries write to file descriptor 2, so both point at one temporary file for the duration.
+Both are process-wide, so one load runs at a time per process (the CLI parallelizes with processes).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 
 from xnnguard.runtime_check.report import Problem
 
-__all__ = ["RuntimeOutcome", "captured_fd2", "load_and_run"]
+__all__ = ["RuntimeOutcome", "StderrCapture", "captured_stderr", "load_and_run"]
 
 logger = logging.getLogger("xnnguard.runtime_check")
 
 _LOG_LIMIT = 64 * 1024  # keep the last 64 KiB of runtime log per file
-_fd2_lock = threading.Lock()
+_stderr_lock = threading.Lock()
 
 # ExecuTorch ScalarType code -> torch dtype name, for generating inputs of the declared dtype.
 _SCALAR_TYPES = {
@@ -50,8 +50,8 @@ class RuntimeOutcome:
     ran: bool = False
 
 
-class Fd2Capture:
-    """Text written to fd 2 while capturing; ``mark()`` then ``text(mark)`` gives one step's lines."""
+class StderrCapture:
+    """Text written to stderr while capturing; ``mark()`` then ``text(mark)`` gives one step's lines."""
 
     def __init__(self, sink: Any) -> None:
         self._sink = sink
@@ -67,18 +67,23 @@ class Fd2Capture:
 
 
 @contextmanager
-def captured_fd2() -> Iterator[Fd2Capture]:
-    """Send fd 2 (the runtime's C++ log) to a temporary file while the block runs."""
-    with _fd2_lock, tempfile.TemporaryFile(mode="w+b") as sink:
+def captured_stderr() -> Iterator[StderrCapture]:
+    """Send ``sys.stderr`` and fd 2 to one temporary file while the block runs.
+
+    The pybindings write the runtime's log through ``sys.stderr``; XNNPACK and cpuinfo write to fd 2.
+    """
+    with _stderr_lock, tempfile.TemporaryFile(mode="w+b") as sink:
         sys.stderr.flush()
-        saved = os.dup(2)
+        saved_fd, saved_stream = os.dup(2), sys.stderr
         os.dup2(sink.fileno(), 2)
+        sys.stderr = open(os.dup(sink.fileno()), "w", encoding="utf-8", errors="replace", buffering=1)
         try:
-            yield Fd2Capture(sink)
+            yield StderrCapture(sink)
         finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
+            sys.stderr.close()
+            sys.stderr = saved_stream
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
 
 
 def _runtime_errors(log: str) -> str:
@@ -130,7 +135,7 @@ def _failure(kind: str, what: str, error: BaseException, log: str, method: str |
 def load_and_run(source: Any, method_names: list[str], *, run: bool) -> RuntimeOutcome:
     """Load every method of ``source`` (a path or bytes); with ``run``, execute each once on generated inputs."""
     outcome = RuntimeOutcome()
-    with captured_fd2() as capture:
+    with captured_stderr() as capture:
         mark = capture.mark()
         try:
             program = _load_program(source)

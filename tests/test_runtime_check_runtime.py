@@ -1,0 +1,58 @@
+"""verify_pte(load=True / run=True): the real runtime's verdict, with its log captured into the report."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from tests.runtime_check_corpus import program, write_program
+from xnnguard.runtime_check import verify_pte
+from xnnguard.runtime_check.runtime_load import captured_stderr
+
+
+def test_a_rank7_delegate_fails_to_load_with_the_runtimes_own_message() -> None:
+    report = verify_pte(program("stock_rank7"), load=True)
+    (load,) = [p for p in report.problems if p.kind == "load"]
+    assert load.method == "forward"
+    assert "Failed to define tensor" in load.message
+    assert not report.loaded
+
+
+def test_an_orphaned_qdq_fails_to_create_the_xnnpack_runtime() -> None:
+    (load,) = [p for p in verify_pte(program("stock_qconv3d_relu"), load=True).problems if p.kind == "load"]
+    assert "XNN Runtime creation failed" in load.message
+
+
+def test_a_missing_kernel_is_what_the_runtime_fails_on_too() -> None:
+    report = verify_pte(program("stock_maxpool3d"), load=True)
+    assert report.kinds() == {"missing_kernel", "load"}
+    assert "kernel 'aten::max_pool3d_with_indices.out' not found" in report.runtime_log
+
+
+def test_a_good_program_loads_and_runs(tmp_path) -> None:
+    report = verify_pte(write_program(tmp_path, "stock_qconv_linear"), run=True)
+    assert report.ok and report.loaded and report.ran
+
+
+def test_a_conv3d_left_to_the_portable_kernel_fails_when_run() -> None:
+    report = verify_pte(program("guarded_qconv3d_relu"), run=True)
+    (problem,) = report.problems
+    assert (problem.kind, problem.method) == ("run", "forward")
+    assert "aten::convolution.out" in problem.message and report.loaded and not report.ran
+
+
+def test_runtime_log_lines_go_into_the_report_not_to_stderr(capfd) -> None:
+    report = verify_pte(program("stock_rank7"), load=True)
+    assert "XNNCompiler" in report.runtime_log
+    assert "XNNCompiler" not in capfd.readouterr().err
+
+
+def test_both_stderr_streams_are_captured_and_restored() -> None:
+    before_fd, before_stream = os.fstat(2), sys.stderr
+    with captured_stderr() as capture:
+        os.write(2, b"native line\n")
+        print("python line", file=sys.stderr)
+        assert capture.text() == "native line\npython line\n"
+    after_fd = os.fstat(2)
+    assert (before_fd.st_dev, before_fd.st_ino) == (after_fd.st_dev, after_fd.st_ino)
+    assert sys.stderr is before_stream
