@@ -89,7 +89,7 @@ def _lower_and_run(ep: torch.export.ExportedProgram, inputs: Inputs, expected: t
     from executorch.exir import to_edge_transform_and_lower
     from executorch.extension.pybindings import portable_lib
 
-    from xnnguard.runtime_check.runtime_load import captured_fd2
+    from xnnguard.runtime_check.runtime_load import captured_stderr
 
     try:
         edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
@@ -104,7 +104,7 @@ def _lower_and_run(ep: torch.export.ExportedProgram, inputs: Inputs, expected: t
     except Exception as error:  # a lowering failure is a result to show, not a crash of the demo
         return Outcome(f"lowering error: {str(error).splitlines()[0][:60]}", None, 0)
     pte_path.write_bytes(buffer)
-    with captured_fd2():
+    with captured_stderr():
         try:
             method = portable_lib._load_program_from_buffer(buffer).load_method("forward")
         except Exception:
