@@ -86,8 +86,10 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
                 )
         kinds = ((node, conv3d_kind(node)) for node in model.graph.nodes)
         self.left_in_float = [_left_in_float(node, kind) for node, kind in kinds if kind is not None]
+        count = len(self.left_in_float)
         names = ", ".join(record.node for record in self.left_in_float) or "none"
-        logger.info("xnnguard: %d 3-D convolutions left in float (%s)", len(self.left_in_float), names)
+        noun = "convolution" if count == 1 else "convolutions"
+        logger.info("xnnguard: %d 3-D %s left in float (%s)", count, noun, names)
         return model
 
     def _annotate_all_patterns(
