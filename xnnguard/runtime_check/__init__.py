@@ -1,11 +1,33 @@
 """Verify already-lowered ``.pte`` files: every XNNPACK delegate blob, statically, plus a real load/run.
 
->>> report = verify_pte("model.pte")            # doctest: +SKIP
->>> report.ok, [p.kind for p in report.problems]  # doctest: +SKIP
+``verify_pte(path)`` returns a ``Report`` (``ok``, ``problems`` with a ``kind`` each); ``assert_pte_ok``
+raises ``AssertionError`` listing the problems. Names load lazily: the checks import torch (through
+``xnnguard.rank_limit``), which ``xnnguard --help`` should not wait for.
 """
 
-from xnnguard.runtime_check.pte_reader import PteReadError
-from xnnguard.runtime_check.report import Problem, Report
-from xnnguard.runtime_check.verify import assert_pte_ok, verify_pte
+from __future__ import annotations
 
-__all__ = ["Problem", "PteReadError", "Report", "assert_pte_ok", "verify_pte"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_PUBLIC = {
+    "verify_pte": "xnnguard.runtime_check.verify",
+    "assert_pte_ok": "xnnguard.runtime_check.verify",
+    "Report": "xnnguard.runtime_check.report",
+    "Problem": "xnnguard.runtime_check.report",
+    "PteReadError": "xnnguard.runtime_check.pte_reader",
+}
+
+__all__ = sorted(_PUBLIC)
+
+if TYPE_CHECKING:
+    from xnnguard.runtime_check.pte_reader import PteReadError
+    from xnnguard.runtime_check.report import Problem, Report
+    from xnnguard.runtime_check.verify import assert_pte_ok, verify_pte
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'xnnguard.runtime_check' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

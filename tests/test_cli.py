@@ -1,0 +1,126 @@
+"""``xnnguard verify``: exit codes, text and JSON output, directories, the runtime in workers, progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.runtime_check_corpus import write_program
+from xnnguard.cli import main
+
+GOOD, BAD = "stock_float_conv_linear", "stock_rank7"
+XNNGUARD = [sys.executable, "-m", "xnnguard.cli"]
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("ptes")
+    write_program(directory, GOOD)
+    (directory / "nested").mkdir()
+    write_program(directory / "nested", BAD)
+    return directory
+
+
+def verify(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
+    code = main(["verify", *argv])
+    return code, capsys.readouterr().out
+
+
+def test_exit_code_is_0_when_every_file_passes(corpus_dir: Path, capsys) -> None:
+    code, out = verify(capsys, str(corpus_dir / f"{GOOD}.pte"))
+    assert code == 0
+    assert out.startswith(f"ok    {corpus_dir / GOOD}.pte (1 method, 1 XNNPACK delegate")
+
+
+def test_exit_code_is_1_when_a_file_has_problems(corpus_dir: Path, capsys) -> None:
+    code, _ = verify(capsys, str(corpus_dir))
+    assert code == 1
+
+
+def test_exit_code_is_2_when_an_input_cannot_be_read_even_beside_problems(corpus_dir: Path, tmp_path, capsys) -> None:
+    noise = tmp_path / "noise.pte"
+    noise.write_bytes(random.Random(1).randbytes(512))
+    code, out = verify(capsys, str(corpus_dir), str(noise))
+    assert code == 2
+    assert f"ERROR {noise}: not an ExecuTorch program" in out
+
+
+def test_a_missing_path_is_an_unreadable_input(tmp_path, capsys) -> None:
+    code, out = verify(capsys, str(tmp_path / "gone.pte"))
+    assert (code, out.splitlines()[0]) == (2, f"ERROR {tmp_path / 'gone.pte'}: no such file or directory")
+
+
+def test_a_directory_without_pte_files_is_an_unreadable_input(tmp_path, capsys) -> None:
+    code, out = verify(capsys, str(tmp_path))
+    assert code == 2 and "no .pte file in this directory" in out
+
+
+def test_a_directory_is_searched_recursively(corpus_dir: Path, capsys) -> None:
+    _, out = verify(capsys, str(corpus_dir))
+    assert f"ok    {corpus_dir / GOOD}.pte" in out
+    assert f"FAIL  {corpus_dir / 'nested' / BAD}.pte: 3 problems" in out
+    assert out.rstrip().endswith("2 files: 1 ok, 1 with problems, 0 unreadable")
+
+
+def test_text_output_lists_each_problem_with_its_kind_and_place(corpus_dir: Path, capsys) -> None:
+    _, out = verify(capsys, str(corpus_dir / "nested"))
+    problems = [line for line in out.splitlines() if line.startswith("  [")]
+    assert len(problems) == 3
+    assert problems[0].startswith("  [rank] forward/delegate 0/node 0 (XNNStaticTranspose)/value 0 [")
+
+
+def test_json_output_has_the_same_content(corpus_dir: Path, capsys) -> None:
+    code, out = verify(capsys, str(corpus_dir), "--json")
+    document = json.loads(out)
+    assert document["exit_code"] == code == 1
+    assert document["summary"] == {"files": 2, "ok": 1, "with_problems": 1, "unreadable": 0}
+    by_name = {Path(f["source"]).stem: f for f in document["files"]}
+    assert by_name[GOOD]["ok"] and by_name[GOOD]["problems"] == []
+    assert [p["kind"] for p in by_name[BAD]["problems"]] == ["rank"] * 3
+    assert len(by_name[BAD]["problems"][0]["dims"]) == 7
+
+
+def test_quiet_prints_only_files_with_problems(corpus_dir: Path, capsys) -> None:
+    code, out = verify(capsys, str(corpus_dir), "--quiet")
+    assert code == 1
+    assert out.splitlines()[0].startswith("FAIL  ") and GOOD not in out and "files:" not in out
+
+
+def test_help_shows_examples_and_exit_codes(capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["verify", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert "xnnguard verify exported/ --load" in out and "2 an input cannot be read" in out
+
+
+def test_the_runtime_runs_in_workers_and_its_failure_is_reported(corpus_dir: Path) -> None:
+    result = subprocess.run(
+        [*XNNGUARD, "verify", str(corpus_dir), "--load", "--jobs", "2"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1
+    assert "[load] forward: the runtime cannot load the method" in result.stdout
+    assert "Failed to define tensor" in result.stdout
+    assert "Traceback" not in result.stderr and "XNNCompiler" not in result.stderr
+
+
+def test_progress_is_drawn_on_a_terminal(corpus_dir: Path) -> None:
+    controller, terminal = pty.openpty()
+    try:
+        result = subprocess.run(
+            [*XNNGUARD, "verify", str(corpus_dir)], stdout=subprocess.PIPE, stderr=terminal, timeout=300
+        )
+        drawn = os.read(controller, 65536).decode()
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert result.returncode == 1
+    assert "[############............] 1/2" in drawn and "2/2" in drawn
+    assert "\r\x1b[K" in drawn  # the bar is cleared before the summary
