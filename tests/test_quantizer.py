@@ -69,6 +69,16 @@ class Conv3dThenLinear(torch.nn.Module):
         return self.linear(self.conv(x).flatten(1))
 
 
+class CatOf3dAnd2dConvs(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv3d = torch.nn.Conv3d(2, 2, (1, 3, 3))
+        self.conv2d = torch.nn.Conv2d(2, 4, 3)
+
+    def forward(self, video: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.conv3d(video).flatten(1, 2), self.conv2d(image)], 1)
+
+
 def _config(**kwargs: Any) -> Any:
     return get_symmetric_quantization_config(**kwargs)
 
@@ -164,6 +174,23 @@ def test_the_neighbour_of_a_3d_convolution_is_quantized_as_next_to_any_float_op(
         "conv3d": ("float", "float", "float"),
         "linear": linear_state,
     }
+
+
+def test_a_cat_fed_by_a_3d_convolution_shares_the_qparams_of_its_quantized_input() -> None:
+    # 1.5.1's cat takes its qparams from the first input whose producer is quantized: with the 3-D
+    # convolution float, that is the 2-D one, and the 3-D one's edge into the cat is quantized with them.
+    torch.manual_seed(0)
+    inputs = (torch.randn(1, 2, 2, 6, 6), torch.randn(1, 2, 6, 6))
+    quantizer = XNNPACKQuantizer().set_global(_config(is_per_channel=True))
+    converted = quantize_pt2e(CatOf3dAnd2dConvs(), inputs, quantizer)
+    assert _quantization_state(converted, "conv3d", "conv2d") == {
+        "conv3d": ("float", "float", "float"),
+        "conv2d": ("int8", "per-channel", "int8"),
+    }
+    cat = next(node for node in converted.graph.nodes if _is_op(node, "cat"))
+    (conv2d_quantize,) = next(node for node in converted.graph.nodes if _is_op(node, "conv2d")).users
+    assert all(_is_op(arg, "dequantize_per_tensor") for arg in cat.args[0])
+    assert {arg.args[1] for arg in cat.args[0]} == {conv2d_quantize.args[1]}
 
 
 @pytest.mark.parametrize(

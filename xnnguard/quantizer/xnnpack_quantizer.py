@@ -77,6 +77,7 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
         else annotated the graph first (an earlier quantizer of a ``ComposableQuantizer``), or when an
         ExecuTorch release annotates convolutions outside the filtered hook.
         """
+        self.left_in_float = []
         model = super().annotate(model)
         for node in model.graph.nodes:
             if is_3d_convolution(node) and _is_quantized(node):
