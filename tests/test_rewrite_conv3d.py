@@ -1,0 +1,170 @@
+"""Conv3d -> Conv2d: same numbers as eager, no 3-D conv left, fully delegated to XNNPACK, and it runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from executorch.exir import to_edge_transform_and_lower
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import xnnguard
+from tests.rewrite_support import PRECISIONS, assert_within_rank_limit, lower_and_run, ops, rewritten
+from tests.support import run_pte
+from xnnguard.passes import DO_NOT_DELEGATE
+from xnnguard.passes.rewrite_conv3d import Conv3dGeometry, conv2d_constants, conv3d_as_conv2d
+from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter
+from xnnguard.report import Rule
+
+
+@st.composite
+def conv3d_cases(draw: st.DrawFn) -> tuple[torch.nn.Conv3d, torch.Tensor]:
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    kernel = tuple(draw(st.integers(1, 4)) for _ in range(3))
+    stride = tuple(draw(st.integers(1, 3)) for _ in range(3))
+    dilation = tuple(draw(st.integers(1, 2)) for _ in range(3))
+    padding = tuple(draw(st.integers(0, 2)) for _ in range(3))
+    minimum = [max(1, dilation[i] * (kernel[i] - 1) + 1 - 2 * padding[i]) for i in range(3)]
+    size = tuple(draw(st.integers(minimum[i], minimum[i] + 6)) for i in range(3))
+    conv = torch.nn.Conv3d(
+        groups * draw(st.integers(1, 3)),
+        groups * draw(st.integers(1, 3)),
+        kernel,  # type: ignore[arg-type]
+        stride,  # type: ignore[arg-type]
+        padding,  # type: ignore[arg-type]
+        dilation,  # type: ignore[arg-type]
+        groups,
+        bias=draw(st.booleans()),
+    )
+    torch.manual_seed(draw(st.integers(0, 2**16)))
+    return conv.eval(), torch.randn(draw(st.integers(1, 2)), conv.in_channels, *size)
+
+
+def _geometry(conv: torch.nn.Conv3d, x: torch.Tensor) -> Conv3dGeometry:
+    padding = tuple((p, p) for p in conv.padding)  # type: ignore[union-attr]
+    return Conv3dGeometry(
+        tuple(x.shape), tuple(conv.weight.shape), conv.stride, padding, conv.dilation, conv.groups,  # type: ignore[arg-type]
+        conv.bias is not None,
+    )
+
+
+@settings(derandomize=True, max_examples=40, deadline=None)
+@given(conv3d_cases(), st.sampled_from(["fold", "sum"]))
+def test_conv2d_form_equals_conv3d_for_any_parameters(case: tuple[torch.nn.Conv3d, torch.Tensor], depth_taps: str) -> None:
+    conv, x = case
+    geometry = _geometry(conv, x)
+    constants = conv2d_constants(conv.weight.detach(), None if conv.bias is None else conv.bias.detach(), geometry,
+                                 depth_taps)  # type: ignore[arg-type]
+    with torch.no_grad():
+        torch.testing.assert_close(conv3d_as_conv2d(x, constants, geometry, depth_taps), conv(x),  # type: ignore[arg-type]
+                                   atol=1e-4, rtol=1e-4)
+
+
+@settings(derandomize=True, max_examples=12, deadline=None)
+@given(conv3d_cases())
+def test_rewritten_program_has_no_3d_conv_and_equals_eager(case: tuple[torch.nn.Conv3d, torch.Tensor]) -> None:
+    conv, x = case
+    ep = rewritten(conv, x)
+    assert "conv3d" not in ops(ep) and "convolution" not in ops(ep)
+    assert_within_rank_limit(ep)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), conv(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "conv, shape",
+    [
+        (torch.nn.Conv3d(3, 8, (2, 4, 4), stride=(2, 4, 4), bias=False), (4, 3, 2, 4, 4)),  # one patch -> linear
+        (torch.nn.Conv3d(4, 6, (1, 3, 3), padding=(0, 1, 1)), (1, 4, 5, 7, 6)),  # depth tiles (frames)
+        (torch.nn.Conv3d(6, 4, 3, stride=(2, 1, 2), padding=(2, 1, 0), dilation=(2, 1, 1), groups=2), (2, 6, 7, 6, 9)),
+    ],
+    ids=["one-patch", "depth-tiles", "general"],
+)
+def test_each_form_lowers_fully_to_xnnpack_and_runs(conv: torch.nn.Conv3d, shape: tuple[int, ...]) -> None:
+    x = torch.randn(shape)
+    lowered, out, reference, tolerance = lower_and_run(conv, x, "float")
+    assert lowered.outside_ops() == {}
+    assert lowered.delegated_ops()["linear"] + lowered.delegated_ops()["convolution"] >= 1
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+def test_same_padding_string_is_mapped_to_zero_padding() -> None:
+    conv = torch.nn.Conv3d(2, 3, (2, 3, 4), padding="same", dilation=(1, 2, 1)).eval()
+    x = torch.randn(1, 2, 5, 6, 7)
+    ep = rewritten(conv, x)
+    assert "conv3d" not in ops(ep)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), conv(x), atol=1e-5, rtol=1e-5)
+
+
+class R3dBlock(torch.nn.Module):
+    """A ResNet-3D stage entry: Conv3d stride 2 + BatchNorm3d + ReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv3d(8, 16, 3, stride=2, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm3d(16)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+            self.bn.weight.uniform_(0.5, 1.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class Qwen2VLPatchEmbed(torch.nn.Module):
+    """Qwen2-VL's vision patch embedding: flattened patches -> Conv3d(3, C, (2, 14, 14), stride=kernel)."""
+
+    def __init__(self, embed_dim: int = 64) -> None:
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.proj = torch.nn.Conv3d(3, embed_dim, (2, 14, 14), stride=(2, 14, 14), bias=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = hidden_states.view(-1, 3, 2, 14, 14)
+        return self.proj(hidden_states).view(-1, self.embed_dim)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_r3d_block_runs_fully_delegated(precision: str) -> None:
+    torch.manual_seed(0)
+    lowered, out, reference, tolerance = lower_and_run(R3dBlock().eval(), torch.randn(1, 8, 8, 16, 16), precision)  # type: ignore[arg-type]
+    assert lowered.outside_ops() == {}
+    assert lowered.delegated_ops()["convolution"] == 2  # the first output frame sees 2 taps, the rest 3
+    assert "native_batch_norm" not in str(lowered.delegated_ops())  # folded into the conv
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_qwen2_vl_patch_embedding_runs_as_one_delegated_linear(precision: str) -> None:
+    torch.manual_seed(0)
+    lowered, out, reference, tolerance = lower_and_run(Qwen2VLPatchEmbed().eval(), torch.randn(32, 3 * 2 * 14 * 14), precision)  # type: ignore[arg-type]
+    assert lowered.outside_ops() == {}
+    assert lowered.delegated_ops()["linear"] == 1 and lowered.delegated_ops()["convolution"] == 0
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+def test_without_the_rewrite_stock_1_5_1_cannot_run_the_r3d_block() -> None:
+    """The e2e tests above fail without the rewrite: XNNPACK has no 3-D conv and portable conv no 3-D."""
+    x = torch.randn(1, 8, 8, 16, 16)
+    ep = torch.export.export(R3dBlock().eval(), (x,))
+    with pytest.raises(Exception):
+        program = to_edge_transform_and_lower(ep, partitioner=[xnnguard.XnnpackPartitioner()]).to_executorch()
+        run_pte(program.buffer, (x,))
+
+
+def test_a_conv_with_a_dynamic_depth_is_left_tagged_and_reported() -> None:
+    conv = torch.nn.Conv3d(3, 4, 3).eval()
+    x = torch.randn(1, 3, 8, 8, 8)
+    ep = torch.export.export(conv, (x,), dynamic_shapes=({2: torch.export.Dim("depth", min=4, max=64)},))
+    rewriter = XnnpackRewriter()
+    result = rewriter(ep)
+    (record,) = rewriter.report
+    assert record.rule is Rule.CONV3D and "dynamic shape" in record.reason
+    (conv_node,) = [n for n in result.graph.nodes if n.name == record.node]
+    assert conv_node.meta[DO_NOT_DELEGATE] == record.reason
+    longer = torch.randn(1, 3, 11, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(result.module()(longer), conv(longer))

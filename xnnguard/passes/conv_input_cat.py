@@ -1,0 +1,26 @@
+"""Give a 2-D convolution's input a ``cat`` as producer, so 1.5.1 can lower it dynamically quantized.
+
+For a dynamically quantized conv, 1.5.1's ``ChannelsLastTaggedReshapePass`` looks for the tensor to
+convert to NHWC by walking up from the conv's input through every op whose first argument is a tensor,
+and stops only at an op whose first argument is not (a ``cat``, whose first argument is a list) or at a
+graph input. Behind a view or permute chain it walks past the real input to the 5-D model input and
+fails ("required rank 4 tensor to use channels_last format"). A conv input built by a ``cat`` along a
+dimension of the 4-D tensor itself stops the walk on the right tensor. The rewrites use this where their
+conv input would otherwise come from a view; it costs one copy of that input.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["as_cat"]
+
+
+def as_cat(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself, produced by a ``cat`` of its two halves along its longest dim (no-op for 1 element)."""
+    dim = max(range(x.dim()), key=lambda d: x.shape[d])
+    size = x.shape[dim]
+    if size < 2:
+        return x
+    half = size // 2
+    return torch.cat([x.narrow(dim, 0, half), x.narrow(dim, half, size - half)], dim)

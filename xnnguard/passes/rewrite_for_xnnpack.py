@@ -1,0 +1,131 @@
+"""``rewrite_for_xnnpack``: turn the ops XNNPACK has no kernel for into equivalent ones it has.
+
+It runs on an exported ATen program, before quantization, so a pt2e flow
+(``rewrite_for_xnnpack(export(m))`` -> ``prepare_pt2e`` -> calibrate -> ``convert_pt2e`` -> export -> lower)
+quantizes the rewritten ops as ordinary 2-D ones; it also works on a float program right before
+lowering. The passes rewrite the unlifted module (``ep.module()``: weights are attributes, so a rewrite
+can add the reshaped ones), then the module is exported again with the same example inputs and the same
+dynamic dims, which keeps parameters and buffers right and the result exportable again.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export import Dim, ExportedProgram
+from torch.fx.passes.infra.pass_base import PassBase
+
+from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE
+from xnnguard.passes.fold_batch_norm3d import FoldBatchNorm3dPass
+from xnnguard.passes.rewrite_conv3d import RewriteConv3dPass
+from xnnguard.passes.rewrite_conv_transpose3d import RewriteConvTranspose3dPass
+from xnnguard.passes.rewrite_pool3d import RewritePool3dPass
+from xnnguard.report import KeptOut, summarize
+
+__all__ = ["RewriteError", "XnnpackRewriter", "default_rewrites", "rewrite_for_xnnpack"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+
+def default_rewrites() -> list[PassBase]:
+    """The rewrites, in the order they run. Batch norms fold into their 3-D conv before it is rewritten."""
+    return [FoldBatchNorm3dPass(), RewriteConv3dPass(), RewriteConvTranspose3dPass(), RewritePool3dPass()]
+
+
+class XnnpackRewriter:
+    """Runs ``passes`` (an ordered list of torch.fx passes) on an ExportedProgram; ``report`` says what stayed.
+
+    After a call, ``report`` holds one record per node a rewrite could not replace: the node is left as
+    it was, tagged ``DO_NOT_DELEGATE``, and the record gives the reason.
+    """
+
+    def __init__(self, passes: Sequence[PassBase] | None = None) -> None:
+        self.passes: list[PassBase] = list(passes) if passes is not None else default_rewrites()
+        self.report: list[KeptOut] = []
+
+    def __call__(self, ep: ExportedProgram) -> ExportedProgram:
+        self.report = []
+        module = ep.module()
+        modified = False
+        for rewrite in self.passes:
+            result = rewrite(module)
+            if result is None:
+                continue
+            module = result.graph_module
+            modified |= result.modified
+            self.report.extend(getattr(result, "report", ()))
+        logger.info("xnnguard rewrite: %s", summarize(self.report).replace("kept out of XNNPACK", "not rewritten"))
+        if not modified:
+            unchanged = copy.deepcopy(ep) if self.report else ep
+            _tag(unchanged, self.report)
+            return unchanged
+        args, kwargs = ep.example_inputs
+        try:
+            rewritten = torch.export.export(module, args, kwargs, dynamic_shapes=_dynamic_shapes(ep), strict=False)
+        except Exception as error:  # export's errors are many; say which step failed, keep the cause
+            raise RewriteError(f"the rewritten program could not be exported again: {error}") from error
+        _tag(rewritten, self.report)
+        return rewritten
+
+
+class RewriteError(RuntimeError):
+    """``rewrite_for_xnnpack`` could not turn the rewritten module back into an ExportedProgram."""
+
+
+def _tag(ep: ExportedProgram, report: list[KeptOut]) -> None:
+    """Put the tags of the nodes left as they were back on the re-exported graph (export drops meta)."""
+    reasons = {record.node: record.reason for record in report}
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and node.name in reasons:
+            node.meta[DO_NOT_DELEGATE] = reasons[node.name]
+
+
+def _dynamic_shapes(ep: ExportedProgram) -> tuple[object, ...] | None:
+    """The dims of ``ep``'s inputs that were dynamic, as ``Dim.DYNAMIC`` specs for re-export (None if none)."""
+    user_inputs = set(ep.graph_signature.user_inputs)
+    values = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder" and n.name in user_inputs]
+    dims: dict[object, object] = {}
+
+    def dim_of(size: torch.SymInt) -> object:
+        """The same ``Dim`` (same range) for the same symbol, so equal dims stay equal and keep their bounds."""
+        expr = size.node.expr
+        if expr not in dims:
+            bounds = ep.range_constraints.get(expr)
+            if bounds is None or not expr.is_Symbol:
+                dims[expr] = Dim.DYNAMIC
+            else:
+                upper = None if not bounds.upper.is_finite else int(bounds.upper)
+                dims[expr] = Dim(f"xnnguard_{expr}", min=int(bounds.lower), max=upper)
+        return dims[expr]
+
+    specs = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            dynamic = {i: dim_of(size) for i, size in enumerate(value.shape) if not isinstance(size, int)}
+            specs.append(dynamic or None)
+        else:
+            specs.append(None)
+    if all(spec is None for spec in specs):
+        return None
+    args, kwargs = ep.example_inputs
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    if len(leaves) != len(specs):
+        return None
+    shaped_args, shaped_kwargs = pytree.tree_unflatten(specs, spec)
+    if any(spec is not None for spec in pytree.tree_leaves(shaped_kwargs, is_leaf=lambda v: v is None)):
+        raise ValueError("rewrite_for_xnnpack: dynamic dims on keyword inputs are not supported; pass them positionally")
+    return tuple(shaped_args)
+
+
+def rewrite_for_xnnpack(ep: ExportedProgram) -> ExportedProgram:
+    """``ep`` with its 3-D convolutions, transposed convolutions and poolings in forms XNNPACK runs.
+
+    Returns a new ExportedProgram with the same inputs, outputs and dynamic dims, and the same results up
+    to float rounding. A node a rewrite cannot replace stays as it was, tagged, and is logged; use
+    ``XnnpackRewriter`` to get those records as data.
+    """
+    return XnnpackRewriter()(ep)
