@@ -1,0 +1,46 @@
+"""Run every ``benchmarks/bench_*.py`` module's ``main()`` (or only those named): ``python -m benchmarks [NAME...]``.
+
+Exit code 0 when every target is met, 1 when one is missed or a benchmark fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+
+def _bench_modules(names: list[str]) -> list[str]:
+    found = sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name.startswith("bench_"))
+    if not names:
+        return found
+    unknown = [n for n in names if n not in found and f"bench_{n}" not in found]
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s) {', '.join(unknown)}; there are: {', '.join(found)}")
+    return [n if n in found else f"bench_{n}" for n in names]
+
+
+def main(argv: list[str]) -> int:
+    warnings.filterwarnings("ignore")
+    failed = []
+    for name in _bench_modules(argv):
+        started = time.perf_counter()
+        try:
+            met = importlib.import_module(f"benchmarks.{name}").main()
+        except Exception:
+            traceback.print_exc()
+            met = False
+        print(f"{name}: {'targets met' if met else 'TARGET MISSED OR FAILED'} ({time.perf_counter() - started:.0f} s)\n")
+        if not met:
+            failed.append(name)
+    if failed:
+        print(f"missed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
