@@ -54,8 +54,9 @@ def lower_and_run(
     """Rewrite, quantize, lower with ``xnnguard.XnnpackPartitioner``, run the .pte.
 
     Returns (lowered, .pte output, reference, tolerance): the reference is eager float, or the converted
-    pt2e model; the tolerance is fp32 rounding, or two quantization steps. A static step is the output
-    range / 255. Under dynamic quantization XNNPACK picks activation scales per batch row where pt2e
+    pt2e model; the tolerance is fp32 rounding, or two quantization steps. A static step is the largest
+    activation scale of the converted model (a rounding at a coarse intermediate scale carries through
+    views to a finer output scale). Under dynamic quantization XNNPACK picks activation scales per batch row where pt2e
     picks one per tensor, so there a step is the converted model's own largest error against float.
     """
     ep = rewritten(model, x)
@@ -68,9 +69,19 @@ def lower_and_run(
         lowered = lower(torch.export.export(converted, (x,)), (x,), xnnguard.XnnpackPartitioner())
         reference = converted(x)
         if precision == "static int8":
-            step = float(reference.max() - reference.min()) / 255
+            step = _coarsest_activation_step(converted)
         else:
             step = float((reference - model(x)).abs().max())
         tolerance = 2 * step + 1e-6
     (out,) = run_pte(lowered.buffer, (x,))
     return lowered, out, reference.detach(), tolerance
+
+
+def _coarsest_activation_step(converted: torch.fx.GraphModule) -> float:
+    scales = [
+        float(n.args[1])
+        for n in converted.graph.nodes
+        if n.op == "call_function" and "quantize_per_tensor" in str(n.target) and isinstance(n.args[1], float)
+    ]
+    assert scales, "no static activation quantization in the converted model"
+    return max(scales)
