@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from executorch.exir import to_edge_transform_and_lower
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -96,6 +95,16 @@ def test_same_padding_string_is_mapped_to_zero_padding() -> None:
     assert "conv3d" not in ops(ep)
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(x), conv(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_reflect_padded_conv_keeps_its_pad_as_an_op_and_the_conv_is_rewritten() -> None:
+    """Export spells ``padding_mode="reflect"`` as a pad op then a conv without padding: only the pad stays out."""
+    conv = torch.nn.Conv3d(2, 4, 3, padding=1, padding_mode="reflect").eval()
+    x = torch.randn(1, 2, 4, 6, 6)
+    lowered, out, reference, tolerance = lower_and_run(conv, x, "float")
+    assert lowered.delegated_ops()["convolution"] == 1  # the padded input has no border: one run
+    assert "convolution" not in lowered.outside_ops()
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
 class R3dBlock(torch.nn.Module):

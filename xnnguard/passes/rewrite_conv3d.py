@@ -13,6 +13,10 @@ Three forms, cheapest first:
 * **general**: output frames are grouped into runs that see the same kernel taps (the padding only
   removes taps at the borders, so there is no padding op); per run, the tap frames are folded into
   channels (``fold``, default: one conv2d per run) or convolved one by one and summed (``sum``).
+
+Padding modes other than zeros never reach this pass: export spells them as a pad op in front of a conv
+without padding. Each conv2d's input is produced by a ``cat`` (``xnnguard.passes.conv_input_cat``) so
+that 1.5.1 can also lower it dynamically quantized.
 """
 
 from __future__ import annotations
