@@ -136,7 +136,7 @@ def test_an_external_id_used_twice_is_an_extern_ids_problem() -> None:
     problems = delegate_problems(graph, (DelegateCall((0, 1, 2), 2),), "forward", 0)
     assert [p.message.split(":")[0] for p in problems if p.kind == "extern_ids"] == [
         "external id 0 is bound to 2 values",
-        "external id 1 (delegate input 1) is bound to no value",
+        "external id 1 (delegate input 1, EValue 1) is bound to no value",
     ]
 
 

@@ -157,14 +157,18 @@ def extern_id_problems(graph: XnnGraph, calls: tuple[DelegateCall, ...], method:
     for external_id in range(bound):
         if uses[external_id]:
             continue
+        argument = f", EValue {calls[0].args[external_id]}" if calls and external_id < len(calls[0].args) else ""
         if external_id >= num_inputs:
             message = (
-                f"delegate output {external_id - num_inputs} (external id {external_id}) is bound to no value, "
-                "so nothing writes it: the method returns whatever was in that buffer"
+                f"delegate output {external_id - num_inputs} (external id {external_id}{argument}) is bound to "
+                "no value, so nothing writes it: the method returns whatever was in that buffer"
             )
             problems.append(Problem("unwritten_output", message, **at))
         else:
-            message = f"external id {external_id} (delegate input {external_id}) is bound to no value: the input is dropped"
+            message = (
+                f"external id {external_id} (delegate input {external_id}{argument}) is bound to no value: "
+                "the input is dropped"
+            )
             problems.append(Problem("extern_ids", message, **at))
     return problems
 

@@ -8,6 +8,10 @@ from typing import Any
 __all__ = ["Problem", "Report"]
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'s' * (number != 1)}"
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing that will go wrong on device.
@@ -69,9 +73,13 @@ class Report:
 
     def summary(self) -> str:
         """One line: verdict, file and what was checked."""
-        checked = (
-            f"{self.methods} method{'s' * (self.methods != 1)}, {self.delegates} XNNPACK "
-            f"delegate{'s' * (self.delegates != 1)}, {self.nodes} nodes, {self.values} values"
+        checked = ", ".join(
+            [
+                _count(self.methods, "method"),
+                _count(self.delegates, "XNNPACK delegate"),
+                _count(self.nodes, "node"),
+                _count(self.values, "value"),
+            ]
         )
         if self.other_delegates:
             checked += f", not checked: {', '.join(self.other_delegates)}"
@@ -79,8 +87,7 @@ class Report:
             checked += ", loaded" + (" and ran" if self.ran else "")
         if self.ok:
             return f"ok    {self.source} ({checked})"
-        count = len(self.problems)
-        return f"FAIL  {self.source}: {count} problem{'s' * (count != 1)} ({checked})"
+        return f"FAIL  {self.source}: {_count(len(self.problems), 'problem')} ({checked})"
 
     def __str__(self) -> str:
         return "\n".join([self.summary(), *(f"  {problem}" for problem in self.problems)])
