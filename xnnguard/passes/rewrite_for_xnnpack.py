@@ -21,6 +21,7 @@ from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE
 from xnnguard.passes.fold_batch_norm3d import FoldBatchNorm3dPass
+from xnnguard.passes.rewrite_batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.passes.rewrite_conv3d import RewriteConv3dPass
 from xnnguard.passes.rewrite_conv_transpose3d import RewriteConvTranspose3dPass
 from xnnguard.passes.rewrite_pool3d import RewritePool3dPass
@@ -32,8 +33,17 @@ logger = logging.getLogger("xnnguard.rewrite")
 
 
 def default_rewrites() -> list[PassBase]:
-    """The rewrites, in the order they run. Batch norms fold into their 3-D conv before it is rewritten."""
-    return [FoldBatchNorm3dPass(), RewriteConv3dPass(), RewriteConvTranspose3dPass(), RewritePool3dPass()]
+    """The rewrites, in the order they run. Batch norms fold into their 3-D conv before it is rewritten.
+
+    A plain ordered list: a rank-reduction pass for ops above 6 dims slots in at the end.
+    """
+    return [
+        FoldBatchNorm3dPass(),
+        RewriteBatchNorm3dPass(),
+        RewriteConv3dPass(),
+        RewriteConvTranspose3dPass(),
+        RewritePool3dPass(),
+    ]
 
 
 class XnnpackRewriter:
