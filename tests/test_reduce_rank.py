@@ -1,0 +1,323 @@
+"""Rank reduction: ops above XNNPACK's rank limit become ops within it, same numbers, fully delegated, and they run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import xnnguard
+from tests.support import lower, quant_step, run_pte, xnnpack_quantizer
+from xnnguard.example_models import HighRankLinear, Patchify
+from xnnguard.passes.dim_groups import merge_permutation, permute_steps
+from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
+from xnnguard.passes.reduce_rank import ReduceRankPass
+from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter
+from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit, rank_violation
+from xnnguard.report import Rule
+
+PRECISIONS = ("float", "static int8", "dynamic int8")
+
+
+# ---------------------------------------------------------------- models
+
+
+class ReshapePermute(torch.nn.Module):
+    """A low-rank input viewed at ``shape`` (rank 7-10), permuted, and flattened back to 2-D."""
+
+    def __init__(self, shape: tuple[int, ...], perm: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape, self.perm = shape, perm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(self.shape).permute(self.perm).reshape(x.shape[0], -1)
+
+
+class SwinWindowPartition(torch.nn.Module):
+    """Swin3D's window partition: (B, D, H, W, C) into (2, 4, 4) windows, then a Linear over channels."""
+
+    def __init__(self, channels: int = 16) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(channels, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, d, h, w, c = x.shape
+        windows = x.view(b, d // 2, 2, h // 4, 4, w // 4, 4, c).permute(0, 1, 3, 5, 2, 4, 6, 7)
+        return self.linear(windows.reshape(-1, 2 * 4 * 4, c))
+
+    @staticmethod
+    def example_inputs() -> tuple[torch.Tensor, ...]:
+        return (torch.randn(2, 4, 8, 8, 16),)
+
+
+class BroadcastAdd(torch.nn.Module):
+    """An 8-D add of a full tensor and a broadcast one, both viewed from low-rank inputs."""
+
+    def __init__(self, shape: tuple[int, ...], broadcast: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape, self.broadcast = shape, broadcast
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x.reshape(self.shape) + y.reshape(self.broadcast)).reshape(self.shape[0], -1)
+
+
+class HighRankSoftmaxSumCat(torch.nn.Module):
+    """A softmax over one dim, a sum over two adjacent dims and a cat, all on 8-D tensors."""
+
+    shape = (2, 3, 2, 2, 3, 2, 2, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x.reshape(self.shape)
+        joined = torch.cat([torch.softmax(y, dim=4), y * 2], dim=3)
+        return joined.reshape(2, -1), y.sum(dim=(5, 6)).reshape(2, -1)
+
+
+def reduce_rank(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.export.ExportedProgram:
+    """Export ``model`` and run ``ReduceRankPass`` the way ``rewrite_for_xnnpack`` runs its passes."""
+    return XnnpackRewriter([ReduceRankPass()])(torch.export.export(model.eval(), inputs))
+
+
+def assert_every_tensor_within_the_limit(graph: torch.fx.Graph) -> None:
+    over = [f"{n.name}: {rank_violation(n)}" for n in graph.nodes if n.op == "call_function" and rank_violation(n)]
+    assert not over, over
+
+
+# What may stay outside XNNPACK at the graph's own I/O: views and (de)quantizations of an input or
+# output that is itself above the limit, and the dtype copy ExecuTorch makes of a lifted scalar constant.
+IO_OPS = {"view", "view_copy", "quantize_per_tensor", "dequantize_per_tensor", "_to_dim_order_copy"}
+
+
+def outside_nodes_not_at_the_io(lowered) -> list[str]:  # type: ignore[no-untyped-def]
+    """Ops outside XNNPACK other than ``IO_OPS`` on a chain of outside ops from a graph input or to a graph output."""
+    graph = lowered.edge.exported_program().graph
+
+    def short(node: torch.fx.Node) -> str:
+        return op_name(node).split(".")[-2] if "." in op_name(node) else op_name(node)
+
+    def memory_or_delegate(node: torch.fx.Node) -> bool:
+        return op_name(node) == "alloc" or any(w in str(node.target) for w in ("executorch_call_delegate", "getitem"))
+
+    outside = [n for n in graph.nodes if n.op == "call_function" and not memory_or_delegate(n)]
+    from_input: set[torch.fx.Node] = set()
+    for node in outside:
+        if all(a.op == "placeholder" or a in from_input or memory_or_delegate(a) for a in node.all_input_nodes):
+            from_input.add(node)
+    to_output: set[torch.fx.Node] = set()
+    for node in reversed(outside):
+        if all(u.op == "output" or u in to_output for u in node.users):
+            to_output.add(node)
+    return [
+        f"{node.name} ({op_name(node)})"
+        for node in outside
+        if not (short(node) in IO_OPS and (node in from_input or node in to_output))
+    ]
+
+
+def lower_and_run(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], precision: str, *, rewrite: bool = True):  # type: ignore[no-untyped-def]
+    """Rank-reduce (or not), quantize with ExecuTorch's XNNPACKQuantizer after it, lower with xnnguard, run.
+
+    Returns (lowered, .pte output, reference, tolerance): eager float within fp32 rounding, or the
+    converted pt2e model within two quantization steps.
+    """
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    model = model.eval()
+    ep = reduce_rank(model, inputs) if rewrite else torch.export.export(model, inputs)
+    if precision == "float":
+        reference, program = model(*inputs), ep
+        tolerance = 1e-5 * max(1.0, float(reference.abs().max()))
+    else:
+        prepared = prepare_pt2e(ep.module(), xnnpack_quantizer(dynamic=precision == "dynamic int8"))
+        prepared(*inputs)
+        converted = convert_pt2e(prepared)
+        reference, program = converted(*inputs), torch.export.export(converted, inputs)
+        tolerance = 2 * quant_step(converted, reference) + 1e-6
+    lowered = lower(program, inputs, xnnguard.XnnpackPartitioner())
+    (out,) = run_pte(lowered.buffer, inputs)
+    return lowered, out, reference.detach(), tolerance
+
+
+# ---------------------------------------------------------------- the dim arithmetic
+
+
+@st.composite
+def permutes(draw: st.DrawFn, min_rank: int = 7, max_rank: int = 10) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A random shape of rank 7-10 (sizes 1-4, at most ~5k elements) and a random permutation of it."""
+    rank = draw(st.integers(min_rank, max_rank))
+    shape = [draw(st.integers(1, 4)) for _ in range(rank)]
+    while math.prod(shape) > 5000:
+        shape[shape.index(max(shape))] -= 1
+    perm = tuple(draw(st.permutations(range(rank))))
+    return tuple(shape), perm
+
+
+@settings(derandomize=True, max_examples=40, deadline=None)
+@given(permutes())
+def test_permute_steps_equal_the_permute_and_each_stays_within_the_limit(case: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    shape, perm = case
+    x = torch.arange(math.prod(shape)).reshape(shape)
+    y = x
+    for step in permute_steps(shape, perm, XNN_MAX_TENSOR_DIMS):
+        assert not exceeds_rank_limit(len(step.input_shape))
+        y = y.reshape(step.input_shape).permute(step.perm)
+    assert torch.equal(y.reshape(x.permute(perm).shape), x.permute(perm))
+
+
+def test_dims_that_move_together_merge() -> None:
+    # Swin3D's window partition: (0, 1) stay together, and so do (6, 7): 8 dims become 6.
+    assert merge_permutation((2, 2, 2, 2, 4, 2, 4, 16), (0, 1, 3, 5, 2, 4, 6, 7)) == ((4, 2, 2, 4, 2, 64), (0, 2, 4, 1, 3, 5))
+
+
+def test_the_patchify_permute_takes_two_transposes() -> None:
+    """No two of its dims stay together, so it cannot merge; it splits into a 6-D and a 4-D transpose."""
+    steps = permute_steps((2, 6, 8, 2, 16, 8, 2, 16), (0, 2, 5, 3, 6, 1, 4, 7), XNN_MAX_TENSOR_DIMS)
+    assert [len(step.input_shape) for step in steps] == [6, 4]
+
+
+# ---------------------------------------------------------------- rewritten graphs, in eager
+
+
+@settings(derandomize=True, max_examples=30, deadline=None)
+@given(permutes())
+def test_rewritten_permute_equals_eager_exactly_with_no_tensor_above_the_limit(case: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    shape, perm = case
+    model, x = ReshapePermute(shape, perm), torch.randn(shape[0], math.prod(shape[1:]))
+    ep = reduce_rank(model, (x,))
+    assert_every_tensor_within_the_limit(ep.graph)
+    assert torch.equal(ep.module()(x), model(x))
+
+
+@st.composite
+def broadcasts(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """An 8-D shape and a broadcastable one that is broadcast along a few runs of dims (trailing ones may be missing)."""
+    shape = tuple(draw(st.integers(2, 3)) for _ in range(8))
+    runs = draw(st.lists(st.booleans(), min_size=4, max_size=4))  # broadcast along dims (2i, 2i+1)?
+    broadcast = tuple(1 if runs[d // 2] else size for d, size in enumerate(shape))
+    return shape, broadcast[draw(st.integers(0, 2)) :]
+
+
+@settings(derandomize=True, max_examples=25, deadline=None)
+@given(broadcasts())
+def test_rewritten_broadcasting_elementwise_ops_equal_eager_with_no_tensor_above_the_limit(case: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    shape, broadcast = case
+    model = BroadcastAdd(shape, broadcast)
+    inputs = (torch.randn(shape[0], math.prod(shape[1:])), torch.randn(math.prod(broadcast)))
+    ep = reduce_rank(model, inputs)
+    assert_every_tensor_within_the_limit(ep.graph)
+    assert torch.equal(ep.module()(*inputs), model(*inputs))
+
+
+def test_rewritten_softmax_sum_and_cat_equal_eager_with_no_tensor_above_the_limit() -> None:
+    model, x = HighRankSoftmaxSumCat(), torch.randn(2, 3 * 2 * 2 * 3 * 2 * 2 * 4)
+    ep = reduce_rank(model, (x,))
+    assert_every_tensor_within_the_limit(ep.graph)
+    for got, want in zip(ep.module()(x), model(x)):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_pass_works_in_place_on_the_lifted_graph_right_before_lowering() -> None:
+    """No re-export needed: the pass inserts only views and the reduced ops, with their meta."""
+    model, (x,) = Patchify().eval(), Patchify.example_inputs()
+    ep = torch.export.export(model, (x,))
+    result = ReduceRankPass()(ep.graph_module)
+    assert result.modified and result.report == ()
+    assert_every_tensor_within_the_limit(ep.graph)
+    lowered = lower(ep, (x,), xnnguard.XnnpackPartitioner())
+    assert outside_nodes_not_at_the_io(lowered) == []
+    torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], model(x), atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------- lowered, loaded and run
+
+
+@settings(derandomize=True, max_examples=3, deadline=None)
+@given(permutes(min_rank=8, max_rank=10))
+def test_random_permutes_lower_fully_to_xnnpack_and_run_exactly(case: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    shape, perm = case
+    model, x = ReshapePermute(shape, perm), torch.randn(shape[0], math.prod(shape[1:]))
+    lowered, out, reference, _ = lower_and_run(model, (x,), "float")
+    assert lowered.outside_ops() == {}
+    assert torch.equal(out, reference)
+
+
+E2E_MODELS = {
+    "patchify": (Patchify, Patchify.example_inputs),
+    "swin3d-window-partition": (SwinWindowPartition, SwinWindowPartition.example_inputs),
+    "8-D-linear": (HighRankLinear, HighRankLinear.example_inputs),
+}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name", E2E_MODELS)
+def test_model_runs_fully_delegated_and_matches(name: str, precision: str) -> None:
+    torch.manual_seed(0)
+    build, example_inputs = E2E_MODELS[name]
+    model, inputs = build(), example_inputs()
+    lowered, out, reference, tolerance = lower_and_run(model, inputs, precision)
+    assert outside_nodes_not_at_the_io(lowered) == []
+    if name != "8-D-linear":  # its own input and output are 8-D: their views (and q/dq) may stay outside
+        assert set(lowered.outside_ops()) <= {"_to_dim_order_copy"}  # patchify's scalar 2, a lifted constant
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "name, precision",
+    # A float 8-D linear is not here: ExecuTorch's own decomposition (view -> addmm -> view) already
+    # flattens it. Quantized, the 8-D q/dq keep the whole linear out of XNNPACK.
+    [(name, precision) for name in E2E_MODELS for precision in PRECISIONS if (name, precision) != ("8-D-linear", "float")],
+)
+def test_without_the_rewrite_high_rank_ops_run_outside_xnnpack(name: str, precision: str) -> None:
+    """What the tests above catch: with tags only, the high-rank ops run on portable kernels."""
+    torch.manual_seed(0)
+    build, example_inputs = E2E_MODELS[name]
+    lowered, *_ = lower_and_run(build(), example_inputs(), precision, rewrite=False)
+    assert outside_nodes_not_at_the_io(lowered) != []
+
+
+def test_broadcasting_add_lowers_fully_to_xnnpack() -> None:
+    shape, broadcast = (2, 3, 2, 3, 2, 2, 3, 2), (3, 1, 1, 2, 2, 1, 1)
+    model = BroadcastAdd(shape, broadcast)
+    inputs = (torch.randn(2, math.prod(shape[1:])), torch.randn(math.prod(broadcast)))
+    lowered, out, reference, tolerance = lower_and_run(model, inputs, "float")
+    assert lowered.outside_ops() == {}
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+# ---------------------------------------------------------------- what is left, and why
+
+
+def test_an_intermediate_high_rank_tensor_that_is_a_graph_output_is_left_and_reported() -> None:
+    class PermuteAlsoReturned(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = x.reshape(2, 2, 2, 2, 2, 2, 2, 3)
+            return y.permute(7, 6, 5, 4, 3, 2, 1, 0).reshape(2, -1), y
+
+    model, x = PermuteAlsoReturned(), torch.randn(2, 192)
+    rewriter = XnnpackRewriter([ReduceRankPass()])
+    ep = rewriter(torch.export.export(model, (x,)))
+    (record,) = rewriter.report
+    assert record.rule is Rule.HIGH_RANK and "graph output" in record.reason
+    assert not any(n.target == torch.ops.aten.permute.default and rank_violation(n) for n in ep.graph.nodes)
+    for got, want in zip(ep.module()(x), model(x)):
+        assert torch.equal(got, want)
+
+
+def test_a_permute_with_a_dynamic_dim_is_left_tagged_and_reported() -> None:
+    model, x = ReshapePermute((-1, 2, 2, 2, 2, 2, 2, 3), (0, 7, 6, 5, 4, 3, 2, 1)), torch.randn(4, 384)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=64)},))
+    rewriter = XnnpackRewriter([ReduceRankPass()])
+    result = rewriter(ep)
+    reasons = {record.node: record.reason for record in rewriter.report}
+    (permute,) = [n for n in result.graph.nodes if n.target == torch.ops.aten.permute.default]
+    assert "dynamic shape" in reasons[permute.name] and permute.meta[DO_NOT_DELEGATE] == reasons[permute.name]
+    longer = torch.randn(7, 384)
+    assert torch.equal(result.module()(longer), model(longer))
+
+
+def test_a_graph_without_high_rank_ops_is_left_unchanged() -> None:
+    ep = torch.export.export(ReshapePermute((2, 3, 4, 5), (0, 2, 1, 3)), (torch.randn(2, 60),))
+    result = ReduceRankPass()(ep.graph_module)
+    assert not result.modified and result.report == ()

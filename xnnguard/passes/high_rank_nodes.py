@@ -1,0 +1,122 @@
+"""Graph helpers shared by the rank-reduction passes: read static shapes, insert ATen ops with their meta.
+
+The passes insert plain ATen ops (``aten.reshape``, ``aten.permute`` and the op being reduced) so that
+they work on any ATen graph from ``torch.export``: the lifted ``ExportedProgram.graph_module`` and the
+unlifted ``ExportedProgram.module()``. Each inserted node gets ``meta["val"]`` computed by running the
+op on its inputs' fake values, so later passes, quantizers and the rank checks read real shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+from xnnguard.passes.do_not_delegate import op_name
+from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
+from xnnguard.report import KeptOut, Rule
+
+__all__ = [
+    "INSERTED_RESHAPE",
+    "VIEW_OPS",
+    "high_rank",
+    "insert_op",
+    "insert_reshape",
+    "left_high_rank",
+    "static_shape",
+]
+
+_aten = torch.ops.aten
+
+# Ops that only reinterpret a row-major tensor's shape: the same elements in the same order.
+VIEW_OPS = {
+    _aten.view.default,
+    _aten.reshape.default,
+    _aten._unsafe_view.default,
+    _aten.view_copy.default,
+    _aten.flatten.using_ints,
+    _aten.unflatten.int,
+    _aten.squeeze.default,
+    _aten.squeeze.dim,
+    _aten.squeeze.dims,
+    _aten.unsqueeze.default,
+    _aten.squeeze_copy.default,
+    _aten.squeeze_copy.dim,
+    _aten.squeeze_copy.dims,
+    _aten.unsqueeze_copy.default,
+}
+
+# Marks the reshapes the rank-reduction passes insert: only those may be dropped when they turn out
+# to be identities, so a pass never touches reshapes the user wrote.
+INSERTED_RESHAPE = "xnnguard_rank_reshape"
+
+
+def static_shape(value: object) -> tuple[int, ...] | None:
+    """The static shape of a node's (single tensor) value, or None if unknown or dynamic."""
+    meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+    if not isinstance(meta, torch.Tensor):
+        return None
+    if not all(isinstance(size, int) for size in meta.shape):
+        return None
+    return tuple(int(size) for size in meta.shape)
+
+
+def high_rank(node: torch.fx.Node) -> bool:
+    """True when ``node``'s output, or any tensor input, is above XNNPACK's rank limit."""
+    values = [node.meta.get("val")] + [arg.meta.get("val") for arg in node.all_input_nodes]
+    return any(
+        isinstance(v, torch.Tensor) and exceeds_rank_limit(v.dim()) for v in pytree.tree_leaves(values)
+    )
+
+
+def _value(arg: object) -> object:
+    return arg.meta["val"] if isinstance(arg, torch.fx.Node) else arg
+
+
+def insert_op(
+    graph: torch.fx.Graph,
+    target: object,
+    args: Sequence[object],
+    kwargs: dict[str, object] | None = None,
+    like: torch.fx.Node | None = None,
+) -> torch.fx.Node:
+    """Insert ``target(*args, **kwargs)`` at the graph's insertion point, with its fake ``meta["val"]``.
+
+    ``like`` lends its provenance (``nn_module_stack``, ``stack_trace``) so quantizer filters by module
+    still find the new node.
+    """
+    kwargs = dict(kwargs or {})
+    node = graph.call_function(target, tuple(args), kwargs)  # type: ignore[arg-type]
+    fake_args = pytree.tree_map_only(torch.fx.Node, _value, (tuple(args), kwargs))
+    node.meta["val"] = target(*fake_args[0], **fake_args[1])  # type: ignore[operator]
+    if like is not None:
+        for key in ("nn_module_stack", "stack_trace", "source_fn_stack"):
+            if key in like.meta:
+                node.meta[key] = like.meta[key]
+    return node
+
+
+def insert_reshape(
+    graph: torch.fx.Graph, x: torch.fx.Node, shape: Sequence[int], like: torch.fx.Node | None = None
+) -> torch.fx.Node:
+    """Insert ``aten.reshape(x, shape)`` (marked as inserted), or return ``x`` if it already has ``shape``.
+
+    ``reshape``, not ``view``: its input may be a permuted (non-contiguous) tensor when the graph runs
+    eagerly, as it does under pt2e calibration.
+    """
+    if static_shape(x) == tuple(shape):
+        return x
+    node = insert_op(graph, _aten.reshape.default, (x, list(shape)), like=like)
+    node.meta[INSERTED_RESHAPE] = True
+    return node
+
+
+def left_high_rank(node: torch.fx.Node, reason: str) -> KeptOut:
+    """The report record of a node left above the rank limit."""
+    return KeptOut(node.name, op_name(node), Rule.HIGH_RANK, f"left above {XNN_MAX_TENSOR_DIMS} dims: {reason}")
+
+
+def numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)

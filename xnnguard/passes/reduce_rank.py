@@ -1,0 +1,93 @@
+"""``ReduceRankPass``: every rank-reduction rewrite in order, then the view folding, then the report.
+
+Invariant established: a node with a tensor above ``XNN_MAX_TENSOR_DIMS`` dims is left only where it
+cannot be helped, and each such node is reported with the reason (the graph's own input or output has
+that rank, an intermediate high-rank tensor is also a graph output, an op no pass reduces, a dynamic
+shape). Everything else is ops within the limit that XNNPACK delegates, with the same results.
+
+The op passes each rewrite one op in place, ending in reshapes back to its high-rank shape;
+``FuseHighRankViewsPass`` runs last and folds those reshapes into their neighbours, so the order of the
+op passes does not matter.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+from torch.fx.passes.infra.pass_base import PassBase
+
+from xnnguard.passes.flatten_high_rank_linear import FlattenHighRankLinearPass
+from xnnguard.passes.fuse_high_rank_views import FuseHighRankViewsPass
+from xnnguard.passes.high_rank_nodes import VIEW_OPS, high_rank, left_high_rank
+from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.passes.reduce_rank_cat import ReduceRankCatPass
+from xnnguard.passes.reduce_rank_elementwise import ReduceRankElementwisePass
+from xnnguard.passes.reduce_rank_permute import ReduceRankPermutePass
+from xnnguard.passes.reduce_rank_reduction import ReduceRankReductionPass
+from xnnguard.rank_limit import exceeds_rank_limit, rank_violation
+from xnnguard.report import KeptOut
+
+__all__ = ["ReduceRankPass", "rank_reduction_passes"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+
+def rank_reduction_passes() -> list[PassBase]:
+    """The op rewrites, then the view folding that removes the high-rank reshapes between them."""
+    return [
+        ReduceRankPermutePass(),
+        ReduceRankElementwisePass(),
+        ReduceRankReductionPass(),
+        ReduceRankCatPass(),
+        FlattenHighRankLinearPass(),
+        FuseHighRankViewsPass(),
+    ]
+
+
+class ReduceRankPass(PassBase):
+    """Runs ``passes`` (default: ``rank_reduction_passes()``) and reports every high-rank node left."""
+
+    def __init__(self, passes: Sequence[PassBase] | None = None) -> None:
+        super().__init__()
+        self.passes = list(passes) if passes is not None else rank_reduction_passes()
+
+    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
+        modified = False
+        report: list[KeptOut] = []
+        for rewrite in self.passes:
+            result = rewrite(graph_module)
+            graph_module = result.graph_module
+            modified |= result.modified
+            report.extend(getattr(result, "report", ()))
+        reported = {record.node for record in report}
+        report = [record for record in report if _still_in(graph_module, record.node)]
+        for node in graph_module.graph.nodes:
+            if node.op == "call_function" and node.name not in reported and high_rank(node):
+                report.append(left_high_rank(node, _why_left(node)))
+                logger.info("%s", report[-1])
+        return ReportedPassResult(graph_module, modified, report)
+
+
+def _still_in(graph_module: torch.fx.GraphModule, name: str) -> bool:
+    return any(node.name == name for node in graph_module.graph.nodes)
+
+
+def _why_left(node: torch.fx.Node) -> str:
+    """Why ``node`` still has a high-rank tensor after every rank-reduction pass ran."""
+    violation = rank_violation(node) or "a high-rank tensor"
+    high_inputs = [arg for arg in node.all_input_nodes if high_rank_output(arg)]
+    if any(arg.op == "placeholder" for arg in high_inputs):
+        return f"{violation}: the graph's own input has that rank"
+    if high_rank_output(node) and any(user.op == "output" for user in node.users):
+        return f"{violation}: the tensor is a graph output"
+    if node.target not in VIEW_OPS:
+        return f"{violation}: no rank-reduction rewrite for this op (or its dims do not merge far enough)"
+    others = sorted({str(user.target) for user in node.users if user.op == "call_function"})
+    return f"{violation}: its tensor is also read by {', '.join(others) or 'a node'} that keeps the rank"
+
+
+def high_rank_output(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and exceeds_rank_limit(value.dim())

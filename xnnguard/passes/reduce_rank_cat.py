@@ -1,0 +1,77 @@
+"""Run each concatenation above XNNPACK's rank limit on (before, joined, after) merged dims.
+
+Invariant established: no ``cat`` with static shapes has a tensor above ``XNN_MAX_TENSOR_DIMS`` dims;
+it becomes ``reshape(before, size_i, after)`` of each input -> ``cat`` along dim 1 -> ``reshape`` to the
+original output shape (folded into neighbouring views by ``FuseHighRankViewsPass``).
+
+Why it is exact: every input of a cat agrees on all dims but the joined one, so the dims before it
+and after it index the same rows in every input and can each be one dim.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from torch.fx.passes.infra.pass_base import PassBase
+
+from xnnguard.passes.high_rank_nodes import high_rank, insert_op, insert_reshape, left_high_rank, static_shape
+from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.report import KeptOut
+
+__all__ = ["ReduceRankCatPass"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+_aten = torch.ops.aten
+_CATS = {_aten.cat.default, _aten.concat.default}
+
+
+class ReduceRankCatPass(PassBase):
+    """Runs each high-rank cat on three merged dims; reports the ones it cannot."""
+
+    @staticmethod
+    def picks(node: torch.fx.Node) -> bool:
+        return node.op == "call_function" and node.target in _CATS and high_rank(node)
+
+    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
+        report: list[KeptOut] = []
+        modified = False
+        for node in list(graph_module.graph.nodes):
+            if not self.picks(node):
+                continue
+            reason = self._rewrite(graph_module.graph, node)
+            if reason is None:
+                modified = True
+            else:
+                report.append(left_high_rank(node, reason))
+                logger.info("%s", report[-1])
+        if modified:
+            graph_module.graph.eliminate_dead_code()
+            graph_module.graph.lint()
+            graph_module.recompile()
+        return ReportedPassResult(graph_module, modified, report)
+
+    @staticmethod
+    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
+        inputs = node.args[0]
+        output_shape = static_shape(node)
+        shapes = [static_shape(x) for x in inputs]  # type: ignore[union-attr]
+        if output_shape is None or any(shape is None for shape in shapes):
+            return "dynamic shape: merging dims needs static sizes"
+        rank = len(output_shape)
+        dim = int(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % rank  # type: ignore[call-overload]
+        joined = [shape for shape in shapes if len(shape) == rank]  # type: ignore[arg-type]
+        before, after = math.prod(output_shape[:dim]), math.prod(output_shape[dim + 1 :])
+        with graph.inserting_before(node):
+            parts = [
+                insert_reshape(graph, x, (before, shape[dim], after), like=node)  # type: ignore[arg-type,index]
+                for x, shape in zip(inputs, shapes)  # type: ignore[arg-type]
+                if len(shape) == rank  # type: ignore[arg-type]
+            ]
+            merged = insert_op(graph, node.target, (parts, 1), like=node)
+            y = insert_reshape(graph, merged, output_shape, like=node)
+        node.replace_all_uses_with(y)
+        logger.debug("%s: %d-D cat of %d inputs on 3 merged dims", node.name, rank, len(joined))
+        return None

@@ -1,0 +1,99 @@
+"""Rewrite each permute above XNNPACK's rank limit as reshapes and the fewest transposes within it.
+
+Invariant established: no ``permute``/``transpose`` node with static shapes has a tensor above
+``XNN_MAX_TENSOR_DIMS`` dims; in its place, ``reshape -> permute (-> reshape -> permute ...) -> reshape``
+where every permute is within the limit. The first and last reshapes still touch the original
+high-rank shapes; ``FuseHighRankViewsPass`` then folds them into the views around them (the patchify's
+``reshape(8-D) -> permute -> reshape(3-D)`` becomes 5-D -> 6-D permute -> 4-D permute -> 3-D).
+
+Why: ExecuTorch 1.5.1 partitions an 8-D permute to XNNPACK, which cannot define the tensor; with
+xnnguard's partitioner it runs on the portable kernel instead, which is slow. Dims that a permute keeps
+together merge (``dim_groups.merge_permutation``); what still exceeds the limit is split into
+transposes (``dim_groups.permute_steps``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch.fx.passes.infra.pass_base import PassBase
+
+from xnnguard.passes.dim_groups import permute_steps
+from xnnguard.passes.high_rank_nodes import insert_op, insert_reshape, left_high_rank, static_shape
+from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
+from xnnguard.report import KeptOut
+
+__all__ = ["ReduceRankPermutePass", "permutation_of"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+_aten = torch.ops.aten
+_PERMUTES = {_aten.permute.default, _aten.permute_copy.default}
+_TRANSPOSES = {_aten.transpose.int, _aten.transpose_copy.int}
+
+
+def permutation_of(node: torch.fx.Node) -> tuple[int, ...] | None:
+    """The permutation a permute/transpose node applies (dims normalized), or None for other nodes."""
+    if node.op != "call_function" or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    value = node.args[0].meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return None
+    rank = value.dim()
+    if node.target in _PERMUTES:
+        return tuple(int(d) % rank for d in node.args[1])  # type: ignore[union-attr]
+    if node.target in _TRANSPOSES:
+        a, b = (int(d) % rank for d in node.args[1:3])  # type: ignore[call-overload]
+        perm = list(range(rank))
+        perm[a], perm[b] = perm[b], perm[a]
+        return tuple(perm)
+    return None
+
+
+class ReduceRankPermutePass(PassBase):
+    """Replaces each permute above the rank limit by transposes within it; reports the ones it cannot."""
+
+    @staticmethod
+    def picks(node: torch.fx.Node) -> bool:
+        perm = permutation_of(node)
+        return perm is not None and exceeds_rank_limit(len(perm))
+
+    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
+        report: list[KeptOut] = []
+        modified = False
+        for node in list(graph_module.graph.nodes):
+            if not self.picks(node):
+                continue
+            reason = self._rewrite(graph_module.graph, node)
+            if reason is None:
+                modified = True
+            else:
+                report.append(left_high_rank(node, reason))
+                logger.info("%s", report[-1])
+        if modified:
+            graph_module.graph.eliminate_dead_code()
+            graph_module.graph.lint()
+            graph_module.recompile()
+        return ReportedPassResult(graph_module, modified, report)
+
+    @staticmethod
+    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
+        x = node.args[0]
+        assert isinstance(x, torch.fx.Node)
+        shape, output_shape = static_shape(x), static_shape(node)
+        if shape is None or output_shape is None:
+            return "dynamic shape: merging dims needs static sizes"
+        perm = permutation_of(node)
+        assert perm is not None
+        steps = permute_steps(shape, perm, XNN_MAX_TENSOR_DIMS)
+        with graph.inserting_before(node):
+            y = x
+            for step in steps:
+                y = insert_reshape(graph, y, step.input_shape, like=node)
+                y = insert_op(graph, _aten.permute.default, (y, list(step.perm)), like=node)
+            y = insert_reshape(graph, y, output_shape, like=node)
+        node.replace_all_uses_with(y)
+        logger.debug("%s: %d-D permute as %d transposes %s", node.name, len(perm), len(steps), [s.input_shape for s in steps])
+        return None

@@ -1,0 +1,112 @@
+"""Run each softmax or reduction above XNNPACK's rank limit on (before, reduced, after) merged dims.
+
+Invariant established: no softmax/log-softmax over one dim, and no sum/mean/amax/amin/var over one
+run of adjacent dims, with static shapes, has a tensor above ``XNN_MAX_TENSOR_DIMS`` dims; it becomes
+``reshape(before, reduced, after)`` -> the op over the middle dim (``keepdim``) -> ``reshape`` to the
+original output shape (folded into neighbouring views by ``FuseHighRankViewsPass``).
+
+Why it is exact: such an op treats the dims before and after the reduced ones only as independent
+rows, so they can each be one dim; the reduced run becomes one dim of the same elements in the same
+order. A softmax over the last dim stays over the last dim (the form XNNPACK runs). Reductions over
+dims that are not adjacent are left and reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from torch.fx.passes.infra.pass_base import PassBase
+
+from xnnguard.passes.high_rank_nodes import high_rank, insert_op, insert_reshape, left_high_rank, static_shape
+from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.report import KeptOut
+
+__all__ = ["ReduceRankReductionPass"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+_aten = torch.ops.aten
+_SOFTMAXES = {_aten.softmax.int, _aten._softmax.default, _aten.log_softmax.int, _aten._log_softmax.default}
+# reduction -> whether ``keepdim`` is its third positional argument (else keyword-only)
+_REDUCTIONS = {
+    _aten.sum.dim_IntList: True,
+    _aten.mean.dim: True,
+    _aten.amax.default: True,
+    _aten.amin.default: True,
+    _aten.var.correction: False,
+}
+
+
+def _reduced_dims(node: torch.fx.Node, rank: int) -> list[int] | None:
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(rank))  # all dims
+    dims = [dims] if isinstance(dims, int) else dims
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    return sorted({int(d) % rank for d in dims})
+
+
+class ReduceRankReductionPass(PassBase):
+    """Runs each high-rank softmax/reduction on three merged dims; reports the ones it cannot."""
+
+    @staticmethod
+    def picks(node: torch.fx.Node) -> bool:
+        return node.op == "call_function" and (node.target in _SOFTMAXES or node.target in _REDUCTIONS) and high_rank(node)
+
+    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
+        report: list[KeptOut] = []
+        modified = False
+        for node in list(graph_module.graph.nodes):
+            if not self.picks(node):
+                continue
+            reason = self._rewrite(graph_module.graph, node)
+            if reason is None:
+                modified = True
+            else:
+                report.append(left_high_rank(node, reason))
+                logger.info("%s", report[-1])
+        if modified:
+            graph_module.graph.eliminate_dead_code()
+            graph_module.graph.lint()
+            graph_module.recompile()
+        return ReportedPassResult(graph_module, modified, report)
+
+    @staticmethod
+    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
+        x = node.args[0]
+        shape, output_shape = static_shape(x), static_shape(node)
+        if shape is None or output_shape is None:
+            return "dynamic shape: merging dims needs static sizes"
+        assert isinstance(x, torch.fx.Node)
+        dims = _reduced_dims(node, len(shape))
+        if dims is None:
+            return "its dims are not constants"
+        if node.target in _SOFTMAXES and len(dims) != 1:
+            return "softmax over more than one dim"
+        if dims != list(range(dims[0], dims[-1] + 1)):
+            return f"its reduced dims {dims} are not adjacent"
+        before = math.prod(shape[: dims[0]])
+        reduced = math.prod(shape[dims[0] : dims[-1] + 1])
+        after = math.prod(shape[dims[-1] + 1 :])
+        merged_shape = [before, reduced] + ([after] if after != 1 else [])
+        args, kwargs = list(node.args), dict(node.kwargs)
+        new_dim = 1 if node.target in _SOFTMAXES else [1]
+        if len(args) > 1:
+            args[1] = new_dim
+        else:
+            kwargs["dim"] = new_dim
+        if node.target in _REDUCTIONS:
+            if _REDUCTIONS[node.target] and "keepdim" not in kwargs and len(args) > 1:
+                args = args[:2] + [True] + args[3:]
+            else:
+                kwargs["keepdim"] = True
+        with graph.inserting_before(node):
+            args[0] = insert_reshape(graph, x, merged_shape, like=node)
+            merged = insert_op(graph, node.target, args, kwargs, like=node)
+            y = insert_reshape(graph, merged, output_shape, like=node)
+        node.replace_all_uses_with(y)
+        logger.debug("%s: %d-D %s on %s", node.name, len(shape), node.target, merged_shape)
+        return None
