@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pty
 import random
@@ -124,3 +125,10 @@ def test_progress_is_drawn_on_a_terminal(corpus_dir: Path) -> None:
     assert result.returncode == 1
     assert "[############............] 1/2" in drawn and "2/2" in drawn
     assert "\r\x1b[K" in drawn  # the bar is cleared before the summary
+
+
+def test_running_the_command_in_process_leaves_logging_as_it_was(corpus_dir: Path, capsys) -> None:
+    names = ("torch", "torchao", "executorch", "xnnguard")
+    before = {name: (logging.getLogger(name).level, list(logging.getLogger(name).handlers)) for name in names}
+    verify(capsys, str(corpus_dir / f"{GOOD}.pte"))
+    assert {name: (logging.getLogger(name).level, list(logging.getLogger(name).handlers)) for name in names} == before

@@ -10,11 +10,13 @@ import argparse
 import logging
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from xnnguard import __version__
 from xnnguard.runtime_check import verify_command
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "quiet_third_party_loggers"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,19 +32,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _quiet_third_party_noise(verbose: bool) -> None:
-    """torch, torchao and ExecuTorch warn at import about things unrelated to what a command does."""
-    warnings.filterwarnings("ignore")
-    for name in ("torch", "torchao", "executorch"):
+_THIRD_PARTY_LOGGERS = ("torch", "torchao", "executorch")
+
+
+def quiet_third_party_loggers() -> None:
+    """torch, torchao and ExecuTorch log at import about things unrelated to what a command does.
+
+    torch sets its loggers' levels when it is imported, so a command that imports it calls this again after.
+    """
+    for name in _THIRD_PARTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
-    logging.basicConfig(format="%(name)s: %(message)s", level=logging.WARNING)
-    logging.getLogger("xnnguard").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+@contextmanager
+def _command_logging(verbose: bool) -> Iterator[None]:
+    """Logging and warnings as a command line wants them, put back afterwards (``main`` may run in-process)."""
+    loggers = [logging.getLogger(name) for name in (*_THIRD_PARTY_LOGGERS, "xnnguard")]
+    levels = [logger.level for logger in loggers]
+    ours = loggers[-1]
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    handler.setLevel(logging.INFO if verbose else logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quiet_third_party_loggers()
+        if verbose:
+            ours.setLevel(logging.INFO)
+        ours.addHandler(handler)
+        try:
+            yield
+        finally:
+            ours.removeHandler(handler)
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _quiet_third_party_noise(args.verbose)
-    return int(args.handler(args))
+    with _command_logging(args.verbose):
+        return int(args.handler(args))
 
 
 if __name__ == "__main__":

@@ -66,9 +66,10 @@ def _program_schema() -> Schema:
 
 
 def source_name(source: PteSource) -> str:
+    """How messages name ``source``: its path, or ``<N bytes>``."""
     if isinstance(source, (str, os.PathLike)):
         return os.fspath(source)
-    return f"<{len(source)} bytes>" if not isinstance(source, memoryview) else f"<{source.nbytes} bytes>"
+    return f"<{memoryview(source).nbytes} bytes>"
 
 
 @contextmanager
@@ -132,14 +133,8 @@ def _blob_region(program: TableView, reference: TableView | None, segment_base: 
     segments = program.tables("segments")
     if index >= len(segments):
         raise FlatbufferError(f"delegate segment {index} does not exist ({len(segments)} segments)")
-    offset, length = segments[index].scalar("offset"), segments[index].scalar("size")
-    start = segment_base + offset
-    if not segment_base or start + length > len(program.region.buffer):
-        raise FlatbufferError(
-            f"delegate segment {index} (bytes {start}..{start + length}) lies outside the file "
-            f"({len(program.region.buffer)} bytes)"
-        )
-    return Region(program.region.buffer, start, start + length, what)
+    start = segment_base + segments[index].scalar("offset")  # inside the file: see _check_segments
+    return Region(program.region.buffer, start, start + segments[index].scalar("size"), what)
 
 
 def _mentioned_values(kind: str, args: TableView) -> tuple[int, ...]:

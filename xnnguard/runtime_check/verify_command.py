@@ -200,8 +200,9 @@ def _import_checker() -> None:
     """
     import torch  # noqa: F401
 
-    for name in ("torch", "torchao", "executorch"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    from xnnguard.cli import quiet_third_party_loggers
+
+    quiet_third_party_loggers()
     import xnnguard.runtime_check.verify  # noqa: F401
 
 
