@@ -12,8 +12,8 @@ import xnnguard
 from tests.rewrite_support import PRECISIONS, assert_within_rank_limit, lower_and_run, ops, rewritten
 from tests.support import run_pte
 from xnnguard.passes import DO_NOT_DELEGATE
-from xnnguard.passes.rewrite_conv3d import Conv3dGeometry, conv2d_constants, conv3d_as_conv2d
-from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter
+from xnnguard.passes.rewrite_conv3d import Conv3dGeometry, RewriteConv3dPass, conv2d_constants, conv3d_as_conv2d
+from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter, rewrite_for_xnnpack
 from xnnguard.report import Rule
 
 
@@ -177,3 +177,25 @@ def test_a_conv_with_a_dynamic_depth_is_left_tagged_and_reported() -> None:
     longer = torch.randn(1, 3, 11, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(result.module()(longer), conv(longer))
+
+
+def test_pass_leaves_a_graph_without_3d_convs_unchanged() -> None:
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    gm = torch.export.export(model, (torch.randn(1, 3, 8, 8),)).module()
+    before = [n.target for n in gm.graph.nodes]
+    result = RewriteConv3dPass()(gm)
+    assert not result.modified and result.report == ()
+    assert [n.target for n in result.graph_module.graph.nodes] == before
+
+
+def test_rewriting_twice_changes_nothing_the_second_time() -> None:
+    conv = torch.nn.Conv3d(2, 3, 3, padding=1).eval()
+    x = torch.randn(1, 2, 4, 5, 5)
+    once = rewritten(conv, x)
+    rewriter = XnnpackRewriter()
+    assert rewriter(once) is once and rewriter.report == []
+
+
+def test_a_program_without_3d_ops_comes_back_as_it_was() -> None:
+    ep = torch.export.export(torch.nn.Linear(4, 2).eval(), (torch.randn(3, 4),))
+    assert rewrite_for_xnnpack(ep) is ep
