@@ -21,6 +21,7 @@ from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE
 from xnnguard.passes.fold_batch_norm3d import FoldBatchNorm3dPass
+from xnnguard.passes.reduce_rank import ReduceRankPass
 from xnnguard.passes.rewrite_batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.passes.rewrite_conv3d import RewriteConv3dPass
 from xnnguard.passes.rewrite_conv_transpose3d import RewriteConvTranspose3dPass
@@ -33,9 +34,10 @@ logger = logging.getLogger("xnnguard.rewrite")
 
 
 def default_rewrites() -> list[PassBase]:
-    """The rewrites, in the order they run. Batch norms fold into their 3-D conv before it is rewritten.
+    """The rewrites, in the order they run (a plain list: add or drop passes freely).
 
-    A plain ordered list: a rank-reduction pass for ops above 6 dims slots in at the end.
+    Batch norms fold into their 3-D conv before it is rewritten; the rank reduction runs last, over the
+    views the 3-D rewrites leave too.
     """
     return [
         FoldBatchNorm3dPass(),
@@ -43,6 +45,7 @@ def default_rewrites() -> list[PassBase]:
         RewriteConv3dPass(),
         RewriteConvTranspose3dPass(),
         RewritePool3dPass(),
+        ReduceRankPass(),
     ]
 
 
