@@ -13,6 +13,12 @@ import struct
 from dataclasses import dataclass
 from functools import cache
 
+from executorch.backends.xnnpack.utils.xnnpack_constants import (
+    XNN_INVALID_VALUE_ID,  # "no value" in an id field: a missing bias, an unused concatenation input
+    XNN_VALUE_FLAG_EXTERNAL_INPUT,
+    XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
+)
+
 from xnnguard.runtime_check.fbs_schema import FieldKind, Schema, executorch_schema
 from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView, root_table
 
@@ -23,9 +29,6 @@ _HEADER_MAGIC = b"XH00"
 _HEADER_LAYOUT = struct.Struct("<HIIIQ")  # header length, flatbuffer offset, size, constant offset, size
 _HEADER_USED = 8 + _HEADER_LAYOUT.size
 _IDENTIFIERS = (b"XN01", b"XN00")
-_NO_VALUE = 0xFFFFFFFF  # XNN_INVALID_VALUE_ID: "no value" in an id field (a missing bias, an unused cat input)
-_FLAG_EXTERNAL_INPUT = 1
-_FLAG_EXTERNAL_OUTPUT = 2
 _CONCATENATE = re.compile(r"XNNConcatenate(\d+)$")
 
 
@@ -44,11 +47,11 @@ class XnnValue:
 
     @property
     def is_external_input(self) -> bool:
-        return bool(self.flags & _FLAG_EXTERNAL_INPUT)
+        return bool(self.flags & XNN_VALUE_FLAG_EXTERNAL_INPUT)
 
     @property
     def is_external_output(self) -> bool:
-        return bool(self.flags & _FLAG_EXTERNAL_OUTPUT)
+        return bool(self.flags & XNN_VALUE_FLAG_EXTERNAL_OUTPUT)
 
 
 @dataclass(frozen=True)
@@ -106,8 +109,8 @@ def _node(index: int, view: TableView) -> XnnNode:
     if table is None:
         raise FlatbufferError(f"node {index} holds no operation")
     input_fields, output_fields = _io_fields(op, table.name)
-    inputs = tuple(i for i in (table.scalar(name) for name in input_fields) if i != _NO_VALUE)
-    outputs = tuple(o for o in (table.scalar(name) for name in output_fields) if o != _NO_VALUE)
+    inputs = tuple(i for i in (table.scalar(name) for name in input_fields) if i != XNN_INVALID_VALUE_ID)
+    outputs = tuple(o for o in (table.scalar(name) for name in output_fields) if o != XNN_INVALID_VALUE_ID)
     return XnnNode(index, op, inputs, outputs)
 
 
