@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import struct
@@ -34,6 +35,13 @@ def test_a_missing_file_cannot_be_opened(tmp_path: Path) -> None:
 def test_a_directory_is_not_a_pte(tmp_path: Path) -> None:
     with pytest.raises(PteReadError, match="is a directory"):
         verify_pte(tmp_path)
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.pte"
+    os.mkfifo(fifo)
+    with time_limit(seconds=5, what="opening a FIFO"), pytest.raises(PteReadError, match="not a regular file"):
+        verify_pte(fifo)
 
 
 def test_random_bytes_are_not_an_executorch_program() -> None:

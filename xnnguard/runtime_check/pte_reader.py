@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -80,14 +81,15 @@ def open_pte(source: PteSource) -> Iterator[Any]:
         return
     name = os.fspath(source)
     try:
+        if not stat.S_ISREG(os.stat(name).st_mode):  # a FIFO or a device would block or never end
+            kind = "a directory" if os.path.isdir(name) else "not a regular file"
+            raise PteReadError(f"{name}: is {kind}, not a .pte file")
         with open(name, "rb") as file:
             size = os.fstat(file.fileno()).st_size
             if size == 0:
                 yield b""
                 return
             mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    except IsADirectoryError:
-        raise PteReadError(f"{name}: is a directory, not a .pte file") from None
     except OSError as error:
         raise PteReadError(f"{name}: cannot open: {error.strerror or error}") from None
     try:
