@@ -238,7 +238,7 @@ class RewritePool3dPass(PassBase):
         x = node.args[0]
         assert isinstance(x, torch.fx.Node)
         if isinstance(correction, torch.Tensor):
-            inputs: list[torch.fx.Node | torch.Tensor] = [x, correction]
+            inputs: list[torch.fx.Node | torch.Tensor] = [x, correction.to(x.meta["val"].dtype)]
 
             def replacement(x_: torch.Tensor, *map_: torch.Tensor) -> torch.Tensor:
                 return pool3d_as_2d(x_, pool, map_[0])
