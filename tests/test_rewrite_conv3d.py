@@ -199,3 +199,15 @@ def test_rewriting_twice_changes_nothing_the_second_time() -> None:
 def test_a_program_without_3d_ops_comes_back_as_it_was() -> None:
     ep = torch.export.export(torch.nn.Linear(4, 2).eval(), (torch.randn(3, 4),))
     assert rewrite_for_xnnpack(ep) is ep
+
+
+def test_a_core_aten_program_without_example_inputs_is_rewritten_too() -> None:
+    """After ``run_decompositions()`` a 3-D conv is ``aten.convolution``; a loaded program may keep no inputs."""
+    block = R3dBlock().eval()
+    x = torch.randn(1, 8, 6, 8, 8)
+    ep = torch.export.export(block, (x,)).run_decompositions()
+    ep.example_inputs = None  # type: ignore[assignment]
+    result = rewrite_for_xnnpack(ep)
+    assert "convolution" not in ops(result) and "_native_batch_norm_legit_no_training" not in ops(result)
+    with torch.no_grad():
+        torch.testing.assert_close(result.module()(x), block(x), atol=1e-5, rtol=1e-5)

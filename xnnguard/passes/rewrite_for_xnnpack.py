@@ -76,7 +76,7 @@ class XnnpackRewriter:
             unchanged = copy.deepcopy(ep) if self.report else ep
             _tag(unchanged, self.report)
             return unchanged
-        args, kwargs = ep.example_inputs
+        args, kwargs = _example_inputs(ep)
         try:
             rewritten = torch.export.export(module, args, kwargs, dynamic_shapes=_dynamic_shapes(ep), strict=False)
         except Exception as error:  # export's errors are many; say which step failed, keep the cause
@@ -95,6 +95,25 @@ def _tag(ep: ExportedProgram, report: list[KeptOut]) -> None:
     for node in ep.graph.nodes:
         if node.op == "call_function" and node.name in reasons:
             node.meta[DO_NOT_DELEGATE] = reasons[node.name]
+
+
+def _example_inputs(ep: ExportedProgram) -> tuple[tuple[object, ...], dict[str, object]]:
+    """The inputs ``ep`` was exported with, or zeros of its static input shapes when it kept none."""
+    if ep.example_inputs is not None:
+        return ep.example_inputs
+    user_inputs = set(ep.graph_signature.user_inputs)
+    leaves = []
+    for node in ep.graph.nodes:
+        if node.op != "placeholder" or node.name not in user_inputs:
+            continue
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            if not all(isinstance(size, int) for size in value.shape):
+                raise RewriteError("the program keeps no example inputs and has dynamic dims: export it again")
+            leaves.append(torch.zeros(tuple(value.shape), dtype=value.dtype))
+        else:
+            leaves.append(value)
+    return pytree.tree_unflatten(leaves, ep.call_spec.in_spec)  # type: ignore[no-any-return]
 
 
 def _dynamic_shapes(ep: ExportedProgram) -> tuple[object, ...] | None:
@@ -124,7 +143,7 @@ def _dynamic_shapes(ep: ExportedProgram) -> tuple[object, ...] | None:
             specs.append(None)
     if all(spec is None for spec in specs):
         return None
-    args, kwargs = ep.example_inputs
+    args, kwargs = _example_inputs(ep)
     leaves, spec = pytree.tree_flatten((args, kwargs))
     if len(leaves) != len(specs):
         return None
