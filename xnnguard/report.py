@@ -16,6 +16,9 @@ class Rule(str, Enum):
     HIGH_RANK = "high_rank"  # xnnguard.rank_limit
     CONV3D = "conv3d"  # xnnguard.conv3d
     USER_TAG = "user_tag"  # xnnguard.passes.do_not_delegate
+    MAX_REDUCTION = "max_reduction"  # xnnguard.max_reduction
+    PRELU_RANK = "prelu_rank"  # xnnguard.prelu_rank
+    PASSTHROUGH_OUTPUT = "passthrough_output"  # xnnguard.passthrough_output
     NEEDS_KEPT_OUT_NODE = "needs_kept_out_node"  # an op whose partition needs a node kept out
 
 

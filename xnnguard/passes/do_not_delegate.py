@@ -8,9 +8,14 @@ never delegates a tagged node.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 
 from xnnguard.conv3d import conv3d_kind
+from xnnguard.max_reduction import max_reduction_violation
+from xnnguard.passthrough_output import passthrough_output_violation
+from xnnguard.prelu_rank import prelu_rank_violation
 from xnnguard.rank_limit import rank_violation
 from xnnguard.report import KeptOut, Rule
 
@@ -26,11 +31,12 @@ def op_name(node: torch.fx.Node) -> str:
     return name if node.op == "call_function" else f"{node.op}:{name}"
 
 
-def keep_out_reason(node: torch.fx.Node) -> KeptOut | None:
+def keep_out_reason(node: torch.fx.Node, partition: Collection[torch.fx.Node] | None = None) -> KeptOut | None:
     """Why ``node`` must not be delegated to XNNPACK, or None when nothing forbids it.
 
     The rules are re-evaluated rather than read from the tag alone, so a partitioner that runs
-    before the tag passes (as ``ops_to_not_decompose`` does) decides the same way.
+    before the tag passes (as ``ops_to_not_decompose`` does) decides the same way. Given the
+    ``partition`` that would take ``node``, the rules about a partition as a whole are asked too.
     """
     if node.op != "call_function":
         return None
@@ -40,9 +46,19 @@ def keep_out_reason(node: torch.fx.Node) -> KeptOut | None:
     kind = conv3d_kind(node)
     if kind is not None:
         return KeptOut(node.name, op_name(node), Rule.CONV3D, f"{kind.description}: XNNPACK has no 3-D convolution")
+    violation = max_reduction_violation(node)
+    if violation is not None:
+        return KeptOut(node.name, op_name(node), Rule.MAX_REDUCTION, violation)
+    violation = prelu_rank_violation(node)
+    if violation is not None:
+        return KeptOut(node.name, op_name(node), Rule.PRELU_RANK, violation)
     tag = node.meta.get(DO_NOT_DELEGATE)
     if tag:
         return KeptOut(node.name, op_name(node), Rule.USER_TAG, f"tagged by user: {tag}")
+    if partition is not None:
+        violation = passthrough_output_violation(node, partition)
+        if violation is not None:
+            return KeptOut(node.name, op_name(node), Rule.PASSTHROUGH_OUTPUT, violation)
     return None
 
 

@@ -4,8 +4,14 @@ A drop-in for ``executorch.backends.xnnpack.partition.xnnpack_partitioner.Xnnpac
 constructor, same use in ``to_edge_transform_and_lower`` and ``to_edge(...).to_backend(...)``). On top of
 the stock matching it
 
-* never delegates a node that ``keep_out_reason`` forbids (above 6 dims, 3-D convolution, user tag), and
-  does not keep such an op whole for XNNPACK (a linear on an 8-D input decomposes, its 2-D matmul stays);
+* never delegates a node that ``keep_out_reason`` forbids (above 6 dims, 3-D convolution, a max over a
+  dim in a form XNNPACK 1.5.1 refuses, PReLU on a non-4-D tensor, user tag), and does not keep such an op
+  whole for XNNPACK (a linear on an 8-D input decomposes, its 2-D matmul stays);
+* in ``to_edge_transform_and_lower``, first rewrites what has an equivalent XNNPACK takes: a max over H
+  or W keeps its dim (``MaxKeepdimPass``), a PReLU of another rank is folded to 4-D (``PReLUTo4dPass``);
+* never lets a partition output a memory-format round trip of its own input (XNNPACK's copy removal
+  would make the delegate output its input): such an output, and what in the partition reads it, runs
+  outside;
 * checks every node a partition takes (partitions are unions of config matches, and every match is
   checked): optional members that are forbidden (the high-rank views of a linear's source partition, a
   fused activation above 6 dims) stay outside; a match that needs a forbidden op or q/dq is not taken;
@@ -34,11 +40,14 @@ from executorch.exir.backend.canonical_partitioners.config_partitioner import (
     is_constant_data,
 )
 from executorch.exir.backend.partitioner import PartitionResult
+from executorch.exir.pass_manager import ExportedProgramPassManager
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import Partition
 
 from xnnguard.passes import implicit_qdq
 from xnnguard.passes.do_not_delegate import keep_out_reason, op_name
+from xnnguard.passes.max_keepdim import MaxKeepdimPass
+from xnnguard.passes.prelu_to_4d import PReLUTo4dPass
 from xnnguard.passes.tag_conv3d import TagConv3dPass
 from xnnguard.passes.tag_high_rank import TagHighRankPass
 from xnnguard.report import KeptOut, Rule, summarize
@@ -129,6 +138,21 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         super().__init__(guarded, config_precisions, per_op_mode, verbose, **kwargs)
         self.kept_out: list[KeptOut] = []
         self._ledger = _Ledger()
+        self._decomposed: dict[str, KeptOut] = {}  # ops a rule made decompose, found before ``partition``
+
+    def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
+        """Rewrite, on the ATen program, the ops that have an equivalent XNNPACK 1.5.1 lowers.
+
+        Called by ``to_edge_transform_and_lower`` (not by ``to_backend``: there the program is already
+        edge, and the rules keep the same ops out instead). The caller's program is left as it was.
+        """
+        rewrites = [rewrite for rewrite in (MaxKeepdimPass(), PReLUTo4dPass())
+                    if rewrite.applies_to(exported_program.graph_module)]
+        self._decomposed = {}
+        if not rewrites:
+            return exported_program
+        program = exported_program.run_decompositions({})  # a new graph, as the lowering makes next
+        return ExportedProgramPassManager(rewrites)(program).exported_program
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram
@@ -137,9 +161,12 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         ops, stock_filter = super().ops_to_not_decompose(ep)
 
         def keep_whole(node: torch.fx.Node) -> bool:
-            if keep_out_reason(node) is not None:
-                return False
-            return bool(stock_filter(node)) if stock_filter is not None else False
+            record = keep_out_reason(node)
+            if record is None:
+                return bool(stock_filter(node)) if stock_filter is not None else False
+            if node.target in ops:  # asked about every node; only these would have stayed whole
+                self._decomposed.setdefault(record.node, record)
+            return False
 
         return ops, keep_whole
 
@@ -149,8 +176,8 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
             tag_pass(gm)
         self._ledger = _Ledger()
         result = super().partition(exported_program)
-        self.kept_out = list(self._ledger.kept_out.values())
-        self._ledger = _Ledger()
+        self.kept_out = [*self._decomposed.values(), *self._ledger.kept_out.values()]
+        self._ledger, self._decomposed = _Ledger(), {}
         self._register_quantized_kernels_if_needed(gm)
         delegated = sum(1 for n in gm.graph.nodes if "delegation_tag" in n.meta)
         logger.info("xnnguard: %s; %d nodes delegated in %d partitions", summarize(self.kept_out), delegated,
@@ -211,8 +238,8 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         return admissible
 
     def generate_partitions(self, ep: ExportedProgram) -> list[Partition]:
-        """The stock grouping of the admitted matches; then the implicit q/dq of taken ops are marked."""
-        partitions = super().generate_partitions(ep)
+        """The stock grouping of the admitted matches, checked as partitions; then implicit q/dq are marked."""
+        partitions = [p for p in super().generate_partitions(ep) if self._admit_partition(ep, p)]
         partition_of = {node: p.id for p in partitions for node in p.nodes}
         for match in self._ledger.matches:
             owner = partition_of.get(match.anchor)
@@ -223,9 +250,51 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
                     implicit_qdq.mark_implicit(qdq)
         return partitions
 
+    def _admit_partition(self, ep: ExportedProgram, partition: Partition) -> bool:
+        """Take out of ``partition`` the outputs a partition rule forbids; False when no op is left.
+
+        A forbidden output leaves with every node of the partition that reads it (directly or not), so
+        the partition stays convex; a constant only those nodes used leaves too.
+        """
+        while (found := _first_forbidden(partition)) is not None:
+            node, record = found
+            members = set(partition.nodes)
+            self._ledger.keep_out(record)
+            for dependent in _dependents_within(node, members):
+                reason = f"it reads {node.name}, which runs outside XNNPACK ({record.rule.value})"
+                self._ledger.keep_out(KeptOut(dependent.name, op_name(dependent), Rule.NEEDS_KEPT_OUT_NODE, reason))
+                partition.remove_node(dependent)
+            partition.remove_node(node)
+            for constant in [n for n in partition.nodes if is_constant_data(ep, n)]:
+                if not any(user in partition.nodes for user in constant.users):
+                    partition.remove_node(constant)
+        return any(n.op == "call_function" for n in partition.nodes)
+
     @staticmethod
     def _register_quantized_kernels_if_needed(gm: torch.fx.GraphModule) -> None:
         """q/dq left outside XNNPACK need ExecuTorch's quantized out-variants at ``to_executorch()``."""
         if any("delegation_tag" not in n.meta for n in implicit_qdq.quantization_nodes(gm.graph)):
             import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed::*.out)
 
+
+def _first_forbidden(partition: Partition) -> tuple[torch.fx.Node, KeptOut] | None:
+    """The first node ``keep_out_reason`` forbids in ``partition`` (asked as a whole), with the record."""
+    members = set(partition.nodes)
+    for node in partition.nodes:
+        record = keep_out_reason(node, members)
+        if record is not None:
+            return node, record
+    return None
+
+
+def _dependents_within(node: torch.fx.Node, members: set[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The nodes of ``members`` that read ``node``'s output, directly or through other members."""
+    found: list[torch.fx.Node] = []
+    pending = [user for user in node.users if user in members]
+    while pending:
+        current = pending.pop()
+        if current in found:
+            continue
+        found.append(current)
+        pending.extend(user for user in current.users if user in members)
+    return found

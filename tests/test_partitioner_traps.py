@@ -1,0 +1,192 @@
+"""xnnguard.XnnpackPartitioner never takes a partition that a later step of the 1.5.1 lowering rejects.
+
+One small model per trap: stock ExecuTorch 1.5.1 fails to lower it; xnnguard lowers it, the .pte loads
+and runs with the real runtime, and the numbers are eager PyTorch's. Where an equivalent XNNPACK runs
+exists (a max that keeps its dim, a PReLU folded to 4-D) the op ends up delegated; where it does not,
+the rule keeps the op out and ``kept_out`` says why.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner as StockXnnpackPartitioner
+from torch.export import Dim
+
+import xnnguard
+from tests.support import Lowered, lower, run_pte
+from xnnguard.report import Rule
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def _lower_and_compare(model: torch.nn.Module | torch.export.ExportedProgram, inputs: tuple, partitioner,
+                       **lower_args) -> Lowered:
+    lowered = lower(model, inputs, partitioner, **lower_args)
+    eager = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+    expected = eager(*inputs)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    outputs = run_pte(lowered.buffer, inputs)
+    assert len(outputs) == len(expected)
+    for out, want in zip(outputs, expected):
+        torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
+    return lowered
+
+
+def _stock_lowering_fails(model, inputs: tuple, message: str, **lower_args) -> None:
+    """Stock 1.5.1 raises while lowering, with ``message`` in the error or in one it was raised from."""
+    with pytest.raises(Exception) as failure:
+        lower(model, inputs, StockXnnpackPartitioner(), **lower_args)
+    messages, error = [], failure.value
+    while error is not None:
+        messages.append(str(error))
+        error = error.__cause__ or error.__context__
+    assert any(message in text for text in messages), messages
+
+
+# --- a max over a dim: XNNPACK keeps the dim, written 2 or 3 ---------------------------------------------
+
+
+class MaxOverDim(torch.nn.Module):
+    def __init__(self, dim: int, keepdim: bool = False) -> None:
+        super().__init__()
+        self.dim, self.keepdim = dim, keepdim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.max(x, dim=self.dim, keepdim=self.keepdim)[0] * 2
+
+
+X4 = (torch.randn(2, 3, 4, 5),)
+
+
+@pytest.mark.parametrize(
+    ("dim", "keepdim", "stock_error"),
+    [(2, False, "only supports keep_dim == True"), (-1, False, "only supports keep_dim == True"),
+     (-1, True, "only supports dim == 2 or dim == 3")],
+    ids=["dim2", "dim-1", "dim-1_keepdim"],
+)
+def test_a_max_over_height_or_width_is_rewritten_to_keep_its_dim_and_runs_on_xnnpack(
+    dim: int, keepdim: bool, stock_error: str
+) -> None:
+    model = MaxOverDim(dim, keepdim)
+    _stock_lowering_fails(model, X4, stock_error)
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(model, X4, partitioner)
+    assert lowered.delegated_ops()["max"] == 1
+    assert lowered.num_delegates == 1
+    assert partitioner.kept_out == []
+
+
+def test_a_max_without_keepdim_stays_outside_xnnpack_and_runs_when_lowered_with_to_backend() -> None:
+    model = MaxOverDim(2)
+    _stock_lowering_fails(model, X4, "only supports keep_dim == True", via_to_backend=True)
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(model, X4, partitioner, via_to_backend=True)
+    assert lowered.outside_ops()["max"] == 1
+    assert lowered.delegated_ops()["mul"] == 1
+    assert [(r.rule, r.reason) for r in partitioner.kept_out] == [
+        (Rule.MAX_REDUCTION, "max without keepdim: XNNPACK 1.5.1 lowers max over a dim only with keepdim=True")
+    ]
+
+
+def test_a_max_over_the_channels_stays_outside_xnnpack_and_runs() -> None:
+    model = MaxOverDim(1, keepdim=True)
+    _stock_lowering_fails(model, X4, "only supports dim == 2 or dim == 3")
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(model, X4, partitioner)
+    assert lowered.outside_ops()["max"] == 1
+    assert [r.rule for r in partitioner.kept_out] == [Rule.MAX_REDUCTION]
+
+
+# --- PReLU: XNNPACK runs it on 4-D tensors only -------------------------------------------------------------
+
+
+class PReLU(torch.nn.Module):
+    def __init__(self, num_parameters: int) -> None:
+        super().__init__()
+        self.prelu = torch.nn.PReLU(num_parameters)
+        with torch.no_grad():
+            self.prelu.weight.copy_(torch.linspace(0.1, 0.5, num_parameters))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.prelu(x)
+
+
+@pytest.mark.parametrize(
+    ("num_parameters", "shape"), [(3, (2, 3, 2, 4, 5)), (1, (2, 3, 5))], ids=["5d_per_channel", "3d_one_weight"]
+)
+def test_a_prelu_on_another_rank_is_folded_to_4d_and_runs_on_xnnpack(num_parameters: int, shape: tuple) -> None:
+    model, inputs = PReLU(num_parameters), (torch.randn(shape),)
+    _stock_lowering_fails(model, inputs, "Attempting to convert non-NHWC compatible node to NHWC")
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(model, inputs, partitioner)
+    assert lowered.delegated_ops() == {"view_copy": 2, "prelu": 1}
+    assert lowered.outside_ops() == {}
+    assert partitioner.kept_out == []
+
+
+def test_a_5d_prelu_with_a_dynamic_batch_is_decomposed_and_runs() -> None:
+    model, inputs = PReLU(3).eval(), (torch.randn(2, 3, 2, 4, 5),)
+
+    def exported() -> torch.export.ExportedProgram:
+        return torch.export.export(model, inputs, dynamic_shapes=({0: Dim("batch", min=1, max=8)},))
+
+    _stock_lowering_fails(exported(), inputs, "Attempting to convert non-NHWC compatible node to NHWC")
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(exported(), inputs, partitioner)
+    assert "prelu" not in lowered.delegated_ops()
+    assert lowered.delegated_ops()["mul"] == 1  # the decomposed PReLU's product still runs on XNNPACK
+    assert [r.rule for r in partitioner.kept_out] == [Rule.PRELU_RANK]
+    assert partitioner.kept_out[0].reason == (
+        "PReLU on a 5-D input: XNNPACK runs PReLU channels-last, on 4-D tensors only"
+    )
+
+
+# --- a partition must not output a memory-format round trip of its input -------------------------------------
+
+
+class MemoryFormatRoundTrip(torch.nn.Module):
+    def __init__(self, also: str = "") -> None:
+        super().__init__()
+        self.also = also
+
+    def forward(self, x: torch.Tensor):
+        y = x.to(memory_format=torch.channels_last).to(memory_format=torch.contiguous_format)
+        if self.also == "returned_and_added":
+            return y, y + 1
+        if self.also == "added":
+            return y + 1
+        return y
+
+
+@pytest.mark.parametrize("via_to_backend", [False, True], ids=["transform_and_lower", "to_backend"])
+def test_a_memory_format_round_trip_of_an_input_is_not_a_partition_output(via_to_backend: bool) -> None:
+    model = MemoryFormatRoundTrip()
+    _stock_lowering_fails(model, X4, "is already in the inputs", via_to_backend=via_to_backend)
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(model, X4, partitioner, via_to_backend=via_to_backend)
+    assert lowered.delegated_ops()["_to_dim_order_copy"] == 1  # to channels-last
+    assert lowered.outside_ops()["_to_dim_order_copy"] == 1  # and back
+    (record,) = partitioner.kept_out
+    assert record.rule is Rule.PASSTHROUGH_OUTPUT
+    assert record.reason.startswith("it only moves the partition input x")
+
+
+def test_an_op_that_reads_a_round_trip_output_leaves_the_partition_with_it() -> None:
+    model = MemoryFormatRoundTrip("returned_and_added")
+    _stock_lowering_fails(model, X4, "is already in the inputs")
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(model, X4, partitioner)
+    assert lowered.outside_ops()["add"] == 1
+    assert [r.rule for r in partitioner.kept_out] == [Rule.PASSTHROUGH_OUTPUT, Rule.NEEDS_KEPT_OUT_NODE]
+
+
+def test_a_round_trip_that_only_feeds_an_op_of_its_partition_stays_delegated() -> None:
+    model = MemoryFormatRoundTrip("added")
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(model, X4, partitioner)
+    assert lowered.delegated_ops() == {"_to_dim_order_copy": 2, "add": 1}
+    assert partitioner.kept_out == []
