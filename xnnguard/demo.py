@@ -1,8 +1,12 @@
 """``make demo``: built-in models lowered with stock ExecuTorch 1.5.1 and with xnnguard, loaded and run.
 
+The stock side is what a user of 1.5.1 writes: export, (``XNNPACKQuantizer`` + pt2e,) lower with
+``XnnpackPartitioner``. The xnnguard side is the same with xnnguard's pieces: ``rewrite_for_xnnpack``
+first, ``xnnguard.XNNPACKQuantizer``, ``xnnguard.XnnpackPartitioner``.
+
 Prints one row per model: what the stock program does (load error / run error / wrong by X / ok) next to
-what xnnguard's does, the largest error against the reference, and how many ops each put on XNNPACK.
-The ``.pte`` files are written to ``demo-out/`` (or ``--out``) for ``xnnguard verify``.
+what xnnguard's does, the largest error against the reference, and how many ops each put on XNNPACK and
+left outside. Then it verifies every ``.pte`` it wrote (``xnnguard verify``) and shows what is flagged.
 """
 
 from __future__ import annotations
@@ -43,9 +47,14 @@ class Outcome:
     verdict: str
     max_error: float | None
     delegated_ops: int
+    outside_ops: int = 0
+    pte: Path | None = None
 
 
 def _stock_partitioner() -> object:
+    # A stock user with q/dq left outside XNNPACK must register the quantized kernels by hand (xnnguard's
+    # partitioner does it for them); without it the stock side would fail earlier than it does on device.
+    import executorch.kernels.quantized  # noqa: F401
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     return XnnpackPartitioner()
@@ -69,8 +78,13 @@ def _quantization_config(kind: str):  # type: ignore[no-untyped-def]
 def _prepare(case: Case, model: torch.nn.Module, inputs: Inputs, *, guarded: bool):
     """Export (and, for quantized cases, quantize with pt2e) the way each side would."""
     model = model.eval()
+    ep = torch.export.export(model, inputs)
+    if guarded:
+        from xnnguard import rewrite_for_xnnpack
+
+        ep = rewrite_for_xnnpack(ep)
     if case.quantize is None:
-        return torch.export.export(model, inputs), model(*inputs)
+        return ep, model(*inputs)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     if guarded:
@@ -78,7 +92,7 @@ def _prepare(case: Case, model: torch.nn.Module, inputs: Inputs, *, guarded: boo
     else:
         from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
     quantizer = XNNPACKQuantizer().set_global(_quantization_config(case.quantize))
-    prepared = prepare_pt2e(torch.export.export(model, inputs).module(), quantizer)
+    prepared = prepare_pt2e(ep.module(), quantizer)
     prepared(*inputs)
     converted = convert_pt2e(prepared)
     return torch.export.export(converted, inputs), converted(*inputs)
@@ -93,30 +107,38 @@ def _lower_and_run(ep: torch.export.ExportedProgram, inputs: Inputs, expected: t
 
     try:
         edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
+        gm = edge.exported_program().graph_module
         delegated = sum(
             1
-            for _, child in edge.exported_program().graph_module.named_children()
+            for _, child in gm.named_children()
             if hasattr(child, "original_module")
             for node in child.original_module.graph.nodes
             if node.op == "call_function"
         )
+        outside = sum(
+            1
+            for node in gm.graph.nodes
+            if node.op == "call_function" and "executorch_call_delegate" not in str(node.target)
+            and "getitem" not in str(node.target)
+        )
         buffer = edge.to_executorch().buffer
     except Exception as error:  # a lowering failure is a result to show, not a crash of the demo
-        return Outcome(f"lowering error: {str(error).splitlines()[0][:60]}", None, 0)
+        logger.warning("%s: lowering failed: %s", pte_path.name, str(error).splitlines()[0][:200])
+        return Outcome("lowering error", None, 0)
     pte_path.write_bytes(buffer)
     with captured_stderr():
         try:
             method = portable_lib._load_program_from_buffer(buffer).load_method("forward")
         except Exception:
-            return Outcome("load error", None, delegated)
+            return Outcome("load error", None, delegated, outside, pte_path)
         try:
             out = method.call(list(inputs))[0]
         except Exception:
-            return Outcome("run error", None, delegated)
+            return Outcome("run error", None, delegated, outside, pte_path)
     error = (out - expected).abs().max().item()
     scale = max(expected.abs().max().item(), 1e-6)
     verdict = "ok" if error <= 0.02 * scale else f"wrong by {error:.3g}"
-    return Outcome(verdict, error, delegated)
+    return Outcome(verdict, error, delegated, outside, pte_path)
 
 
 CASES: tuple[Case, ...] = (
@@ -127,6 +149,8 @@ CASES: tuple[Case, ...] = (
     Case("int8 linear, float output", lambda: (models.LinearModel(), (torch.randn(4, 16),)),
          quantize="static-float-output"),
     Case("int8 conv2d + relu", lambda: (models.Conv2dReLU(), models.Conv2dReLU.example_inputs()), quantize="static"),
+    Case("video 3-D CNN (conv3d/bn/pool3d)", lambda: (models.Video3dCNN(), models.Video3dCNN.example_inputs())),
+    Case("int8 conv3d + relu", lambda: (models.Conv3dReLU(), models.Conv3dReLU.example_inputs()), quantize="static"),
 )
 
 
@@ -148,11 +172,11 @@ def run_demo(out_dir: Path, cases: tuple[Case, ...] = CASES) -> list[tuple[str, 
 
 
 def _table(rows: list[tuple[str, Outcome, Outcome]]) -> str:
-    header = ("model", "stock 1.5.1", "xnnguard", "xnnguard max err", "ops on XNNPACK stock/xnnguard")
+    header = ("model", "stock 1.5.1", "xnnguard", "xnnguard max err", "ops in/outside XNNPACK: stock", "xnnguard")
     body = [
         (name, stock.verdict, guarded.verdict,
          "-" if guarded.max_error is None else f"{guarded.max_error:.2e}",
-         f"{stock.delegated_ops}/{guarded.delegated_ops}")
+         f"{stock.delegated_ops}/{stock.outside_ops}", f"{guarded.delegated_ops}/{guarded.outside_ops}")
         for name, stock, guarded in rows
     ]
     widths = [max(len(str(r[i])) for r in (header, *body)) for i in range(len(header))]
@@ -170,8 +194,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Lowering {len(CASES)} example models with stock ExecuTorch 1.5.1 and with xnnguard ...", flush=True)
     rows = run_demo(args.out)
     print(_table(rows))
-    print(f"\n.pte files written to {args.out}/ (check them with: xnnguard verify {args.out})")
+    print(f"\nVerifying the .pte files in {args.out}/ (what `xnnguard verify {args.out}` does):")
+    print(_verification(rows))
     return 0
+
+
+def _verification(rows: list[tuple[str, Outcome, Outcome]]) -> str:
+    """One line per written .pte: passes, or the kinds of problem ``verify_pte`` flags, with the first one."""
+    from xnnguard.runtime_check import PteReadError, verify_pte
+
+    lines = []
+    for _, *outcomes in rows:
+        for outcome in outcomes:
+            if outcome.pte is None:
+                continue
+            try:
+                report = verify_pte(outcome.pte)
+            except PteReadError as error:
+                lines.append(f"  {outcome.pte.name}: unreadable: {error}")
+                continue
+            if report.ok:
+                lines.append(f"  {outcome.pte.name}: ok")
+            else:
+                kinds = ", ".join(sorted(report.kinds()))
+                lines.append(f"  {outcome.pte.name}: FLAGGED ({kinds}): {report.problems[0].message}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

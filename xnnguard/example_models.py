@@ -15,6 +15,7 @@ __all__ = [
     "ConvTranspose3dModel",
     "HighRankLinear",
     "LinearModel",
+    "Video3dCNN",
 ]
 
 
@@ -107,3 +108,27 @@ class ConvTranspose3dModel(torch.nn.Module):
     @staticmethod
     def example_inputs() -> tuple[torch.Tensor, ...]:
         return (torch.randn(1, 4, 2, 4, 4),)
+
+
+class Video3dCNN(torch.nn.Module):
+    """An R3D/S3D-style stem: Conv3d + BatchNorm3d + ReLU + MaxPool3d, a stride-2 Conv3d, AvgPool3d.
+
+    Stock 1.5.1 cannot run any of it: XNNPACK has no 3-D convolution or pooling and the portable
+    kernels have neither.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv3d(3, 8, (3, 5, 5), stride=(1, 2, 2), padding=(1, 2, 2), bias=False)
+        self.bn = torch.nn.BatchNorm3d(8)
+        self.pool = torch.nn.MaxPool3d((1, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1))
+        self.conv = torch.nn.Conv3d(8, 16, 3, stride=2, padding=1)
+        self.head = torch.nn.AvgPool3d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.bn(self.stem(x))))
+        return self.head(torch.relu(self.conv(x)))
+
+    @staticmethod
+    def example_inputs() -> tuple[torch.Tensor, ...]:
+        return (torch.randn(1, 3, 4, 32, 32),)
