@@ -35,6 +35,7 @@ from xnnguard.conv3d import ConvKind, conv3d_kind
 from xnnguard.passes.conv_input_cat import as_cat
 from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
 from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.passes.size_args import triple
 from xnnguard.passes.splice import attribute_tensor, drop_unused_attributes, splice_before
 from xnnguard.report import KeptOut, Rule
 
@@ -129,11 +130,6 @@ class Conv3dGeometry:
         return (top, left) if top == bottom and left == right else None
 
 
-def _triple(value: object) -> tuple[int, int, int]:
-    values = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]  # type: ignore[call-overload]
-    return (values[0],) * 3 if len(values) == 1 else (values[0], values[1], values[2])
-
-
 def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
     """The geometry of the 3-D convolution ``node``, or the reason it cannot be rewritten."""
     normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
@@ -153,8 +149,8 @@ def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
         return f"unbatched input of rank {len(shapes[0])}"
     if kwargs.get("transposed", False):
         return "transposed convolution"
-    stride = _triple(kwargs.get("stride", 1))
-    dilation = _triple(kwargs.get("dilation", 1))
+    stride = triple(kwargs.get("stride", 1))
+    dilation = triple(kwargs.get("dilation", 1))
     kernel = shapes[1][2:]
     padding_arg = kwargs.get("padding", 0)
     if isinstance(padding_arg, str):
@@ -166,7 +162,7 @@ def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
         else:
             return f"padding={padding_arg!r} with stride {stride} has no fixed zero padding"
     else:
-        padding = tuple((p, p) for p in _triple(padding_arg))  # type: ignore[assignment]
+        padding = tuple((p, p) for p in triple(padding_arg))  # type: ignore[assignment]
     return Conv3dGeometry(
         shapes[0],  # type: ignore[arg-type]
         shapes[1],  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from xnnguard.conv3d import ConvKind, conv3d_kind
 from xnnguard.passes.conv_input_cat import as_cat
 from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
 from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.passes.size_args import Triple, triple
 from xnnguard.passes.splice import attribute_tensor, drop_unused_attributes, splice_before
 from xnnguard.report import KeptOut, Rule
 
@@ -38,8 +39,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("xnnguard.rewrite")
-
-Triple = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
@@ -71,11 +70,6 @@ class ConvTranspose3dGeometry:
         return self.stride[0] == kd and (self.dilation[0] == 1 or kd == 1) and self.output_padding[0] == 0
 
 
-def _triple(value: object) -> Triple:
-    values = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]  # type: ignore[call-overload]
-    return (values[0],) * 3 if len(values) == 1 else (values[0], values[1], values[2])
-
-
 def conv_transpose3d_geometry(node: torch.fx.Node) -> ConvTranspose3dGeometry | str:
     """The geometry of the 3-D transposed convolution ``node``, or why it cannot be rewritten."""
     normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
@@ -97,10 +91,10 @@ def conv_transpose3d_geometry(node: torch.fx.Node) -> ConvTranspose3dGeometry | 
     return ConvTranspose3dGeometry(
         shapes[0],  # type: ignore[arg-type]
         shapes[1],  # type: ignore[arg-type]
-        _triple(kwargs.get("stride", 1)),
-        _triple(kwargs.get("padding", 0)),
-        _triple(kwargs.get("output_padding", 0)),
-        _triple(kwargs.get("dilation", 1)),
+        triple(kwargs.get("stride", 1)),
+        triple(kwargs.get("padding", 0)),
+        triple(kwargs.get("output_padding", 0)),
+        triple(kwargs.get("dilation", 1)),
         int(kwargs.get("groups", 1)),
     )
 

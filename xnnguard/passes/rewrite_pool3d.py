@@ -28,6 +28,7 @@ from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
 from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.passes.size_args import Triple, triple
 from xnnguard.passes.splice import splice_before
 from xnnguard.report import KeptOut, Rule
 
@@ -36,7 +37,6 @@ __all__ = ["Pool3d", "RewritePool3dPass", "pool3d", "pool3d_as_2d", "pool3d_corr
 logger = logging.getLogger("xnnguard.rewrite")
 
 _aten = torch.ops.aten
-Triple = tuple[int, int, int]
 _MAX_POOLS = {_aten.max_pool3d.default, _aten.max_pool3d_with_indices.default}
 _AVG_POOLS = {_aten.avg_pool3d.default}
 _ADAPTIVE_AVG_POOLS = {_aten.adaptive_avg_pool3d.default, _aten._adaptive_avg_pool3d.default}
@@ -91,13 +91,6 @@ class Pool3d:
         return all(self.kernel[d] == 1 and self.stride[d] == 1 and self.padding[d] == 0 for d in dims)
 
 
-def _triple(value: object, default: Triple | None = None) -> Triple:
-    if isinstance(value, (list, tuple)) and len(value) == 0 and default is not None:
-        return default
-    values = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]  # type: ignore[call-overload]
-    return (values[0],) * 3 if len(values) == 1 else (values[0], values[1], values[2])
-
-
 def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
     """The pooling ``node`` does, or why it cannot be rewritten, or None when it is not a 3-D pooling."""
     if node.op != "call_function" or node.target not in _MAX_POOLS | _AVG_POOLS | _ADAPTIVE_AVG_POOLS:
@@ -114,20 +107,20 @@ def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
         return f"dynamic shape {tuple(meta.shape)}: the frame folding needs static sizes"
     shape = tuple(int(s) for s in meta.shape)
     if node.target in _ADAPTIVE_AVG_POOLS:
-        out = _triple(kwargs["output_size"])
+        out = triple(kwargs["output_size"])
         if any(o <= 0 or size % o for size, o in zip(shape[-3:], out)):
             return f"adaptive output size {out} does not divide the input size {shape[-3:]}"
         kernel = tuple(size // o for size, o in zip(shape[-3:], out))
         return Pool3d("avg", shape, kernel, kernel, (0, 0, 0))  # type: ignore[arg-type]
-    kernel = _triple(kwargs["kernel_size"])
-    stride = _triple(kwargs.get("stride", []), default=kernel)
-    padding = _triple(kwargs.get("padding", 0))
+    kernel = triple(kwargs["kernel_size"])
+    stride = triple(kwargs.get("stride", []), default=kernel)
+    padding = triple(kwargs.get("padding", 0))
     if node.target in _MAX_POOLS:
         indices_used = any(u.target is operator.getitem and u.args[1] == 1 for u in node.users)
         if node.target is _aten.max_pool3d_with_indices.default and indices_used:
             return "its indices are used (2-D pooling cannot give 3-D indices)"
         return Pool3d(
-            "max", shape, kernel, stride, padding, _triple(kwargs.get("dilation", 1)), bool(kwargs.get("ceil_mode"))
+            "max", shape, kernel, stride, padding, triple(kwargs.get("dilation", 1)), bool(kwargs.get("ceil_mode"))
         )
     return Pool3d(
         "avg",
