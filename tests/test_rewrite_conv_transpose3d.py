@@ -74,6 +74,14 @@ def test_rewritten_program_has_no_3d_transposed_conv_and_equals_eager(
         torch.testing.assert_close(ep.module()(x), conv(x), atol=1e-4, rtol=1e-4)
 
 
+def test_grouped_dilated_transposed_conv_with_output_padding_lowers_fully_and_runs() -> None:
+    conv = torch.nn.ConvTranspose3d(4, 6, (3, 2, 3), stride=(2, 1, 2), padding=(1, 0, 1), output_padding=(1, 0, 1),
+                                    groups=2, dilation=(2, 1, 1)).eval()
+    lowered, out, reference, tolerance = lower_and_run(conv, torch.randn(2, 4, 3, 5, 4), "float")
+    assert lowered.outside_ops() == {}
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
 class Upsampler(torch.nn.Module):
     """A video-VAE style decoder step: ConvTranspose3d that doubles depth, height and width, then ReLU."""
 
