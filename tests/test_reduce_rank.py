@@ -286,6 +286,38 @@ def test_broadcasting_add_lowers_fully_to_xnnpack() -> None:
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
+def torchao_quantized_high_rank_linear(weight: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """An 8-D linear quantized with torchao (dynamic int8 activations per token; int8 per channel or int4 per group)."""
+    from torchao.quantization.granularity import PerAxis, PerGroup
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.utils import unwrap_tensor_subclass
+
+    torch.manual_seed(0)
+    model = HighRankLinear(in_features=64, out_features=32).eval()
+    granularity = PerAxis(0) if weight == "int8" else PerGroup(32)
+    quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=getattr(torch, weight), weight_granularity=granularity))
+    unwrap_tensor_subclass(model)
+    return model, (torch.randn(2, 1, 2, 3, 1, 2, 3, 64),)
+
+
+@pytest.mark.parametrize("weight", ["int8", "int4"])
+def test_torchao_quantized_8d_linear_runs_fully_delegated_and_matches(weight: str) -> None:
+    model, inputs = torchao_quantized_high_rank_linear(weight)
+    lowered = lower(reduce_rank(model, inputs), inputs, xnnguard.XnnpackPartitioner())
+    assert outside_nodes_not_at_the_io(lowered) == [] and set(lowered.outside_ops()) == {"view_copy"}
+    assert lowered.delegated_ops()["choose_qparams_affine"] == 1 and lowered.delegated_ops()["linear"] == 1
+    (out,) = run_pte(lowered.buffer, inputs)
+    reference = model(*inputs).detach()
+    torch.testing.assert_close(out, reference, atol=2 * float(reference.max() - reference.min()) / 255, rtol=0)
+
+
+def test_without_the_rewrite_a_torchao_quantized_8d_linear_cannot_become_a_program() -> None:
+    """Its 8-D affine q/dq stay out of XNNPACK, and 1.5.1 has no portable kernel for them."""
+    model, inputs = torchao_quantized_high_rank_linear("int8")
+    with pytest.raises(RuntimeError, match="Missing out variants"):
+        lower(torch.export.export(model, inputs), inputs, xnnguard.XnnpackPartitioner())
+
+
 # ---------------------------------------------------------------- what is left, and why
 
 

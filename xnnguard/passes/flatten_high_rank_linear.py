@@ -2,18 +2,26 @@
 
 Invariant established: no ``aten.linear`` with static shapes has an input or output above
 ``XNN_MAX_TENSOR_DIMS`` dims; it becomes ``reshape(rows, in_features)`` -> ``linear`` ->
-``reshape`` back (folded into neighbouring views by ``FuseHighRankViewsPass``).
+``reshape`` back (folded into neighbouring views by ``FuseHighRankViewsPass``). When the input is a
+torchao dynamically quantized activation (``choose_qparams_affine -> quantize_affine ->
+dequantize_affine``, per token or per tensor), that chain moves after the reshape and runs on the 2-D
+rows too.
 
 Why: a linear treats all leading dims as independent rows, so they are one dim. On 2-D the linear is
 the ordinary case every quantizer and XNNPACK's fully-connected op take: pt2e static and dynamic
-quantization applied after this pass quantize it like any other linear, where a quantized linear on
-an 8-D input would stay outside XNNPACK (upstream's "still not covered" case).
+quantization applied after this pass quantize it like any other linear. A torchao-quantized linear on
+an 8-D input cannot run at all on 1.5.1 (its 8-D affine ops stay out of XNNPACK and have no portable
+kernel: "Missing out variants"); on 2-D rows XNNPACK takes the whole chain. Per-token blocks
+(``[1, ..., 1, K]``) flatten to ``[1, K]`` and per-tensor blocks to ``[rows, K]``: the same groups of
+elements get the same scales, so the numbers do not change.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import operator
+from dataclasses import dataclass
 
 import torch
 from torch.fx.passes.infra.pass_base import PassBase
@@ -27,6 +35,53 @@ __all__ = ["FlattenHighRankLinearPass"]
 logger = logging.getLogger("xnnguard.rewrite")
 
 _aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class _AffineActivation:
+    """A torchao dynamic activation quantization of ``source``: choose qparams, quantize, dequantize."""
+
+    source: torch.fx.Node
+    choose: torch.fx.Node
+    quantize: torch.fx.Node
+    dequantize: torch.fx.Node
+
+    @property
+    def block_size(self) -> list[int]:
+        return [int(b) for b in self.choose.args[2]]  # type: ignore[union-attr]
+
+
+def _name(node: object) -> str:
+    target = getattr(node, "target", None)
+    return getattr(target, "__name__", "") if isinstance(node, torch.fx.Node) and node.op == "call_function" else ""
+
+
+def _affine_activation(x: torch.fx.Node) -> _AffineActivation | None:
+    """The torchao choose/quantize/dequantize chain that produced ``x``, or None."""
+    if not _name(x).startswith("dequantize_affine"):
+        return None
+    quantize = x.args[0]
+    if not isinstance(quantize, torch.fx.Node) or not _name(quantize).startswith("quantize_affine"):
+        return None
+    qparams = quantize.args[2:4]
+    if x.args[2:4] != qparams or not all(isinstance(q, torch.fx.Node) and q.target is operator.getitem for q in qparams):
+        return None
+    choose = qparams[0].args[0]  # type: ignore[union-attr]
+    if not _name(choose).startswith("choose_qparams_affine") or qparams[1].args[0] is not choose:  # type: ignore[union-attr]
+        return None
+    source = quantize.args[0]
+    if choose.args[0] is not source or not isinstance(source, torch.fx.Node):  # type: ignore[union-attr]
+        return None
+    return _AffineActivation(source, choose, quantize, x)  # type: ignore[arg-type]
+
+
+def _flat_block_size(block_size: list[int], shape: tuple[int, ...]) -> list[int] | None:
+    """The 2-D block size with the same element groups as ``block_size`` on ``shape``, or None."""
+    if all(b == 1 for b in block_size[:-1]):
+        return [1, block_size[-1]]
+    if list(block_size[:-1]) == list(shape[:-1]):
+        return [math.prod(shape[:-1]), block_size[-1]]
+    return None
 
 
 class FlattenHighRankLinearPass(PassBase):
@@ -57,15 +112,37 @@ class FlattenHighRankLinearPass(PassBase):
     @staticmethod
     def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
         x = node.args[0]
-        shape, output_shape = static_shape(x), static_shape(node)
+        assert isinstance(x, torch.fx.Node)
+        activation = _affine_activation(x)
+        source = activation.source if activation is not None else x
+        shape, output_shape = static_shape(source), static_shape(node)
         if shape is None or output_shape is None:
             return "dynamic shape: flattening needs static sizes"
-        assert isinstance(x, torch.fx.Node)
-        rows = math.prod(shape[:-1])
+        flat_shape = (math.prod(shape[:-1]), shape[-1])
+        block_size = _flat_block_size(activation.block_size, shape) if activation is not None else None
+        if activation is not None and block_size is None:
+            return f"its activation's quantization blocks {activation.block_size} are neither per token nor per tensor"
         with graph.inserting_before(node):
-            flat = insert_reshape(graph, x, (rows, shape[-1]), like=node)
+            flat = insert_reshape(graph, source, flat_shape, like=node)
+            if activation is not None:
+                flat = _quantize_rows(graph, activation, flat, block_size)  # type: ignore[arg-type]
             linear = insert_op(graph, node.target, (flat, *node.args[1:]), dict(node.kwargs), like=node)
             y = insert_reshape(graph, linear, output_shape, like=node)
         node.replace_all_uses_with(y)
-        logger.debug("%s: linear on a %d-D input flattened to (%d, %d)", node.name, len(shape), rows, shape[-1])
+        logger.debug("%s: linear on a %d-D input flattened to %s", node.name, len(shape), flat_shape)
         return None
+
+
+def _quantize_rows(graph: torch.fx.Graph, activation: _AffineActivation, rows: torch.fx.Node, block_size: list[int]) -> torch.fx.Node:
+    """``activation``'s choose/quantize/dequantize chain again, on the 2-D ``rows``."""
+    choose, quantize, dequantize = activation.choose, activation.quantize, activation.dequantize
+    qparams = insert_op(graph, choose.target, (rows, choose.args[1], block_size, *choose.args[3:]), dict(choose.kwargs), like=choose)
+    scale = insert_op(graph, operator.getitem, (qparams, 0), like=choose)
+    zero_point = insert_op(graph, operator.getitem, (qparams, 1), like=choose)
+    quantized = insert_op(
+        graph, quantize.target, (rows, block_size, scale, zero_point, *quantize.args[4:]), dict(quantize.kwargs), like=quantize
+    )
+    return insert_op(
+        graph, dequantize.target, (quantized, block_size, scale, zero_point, *dequantize.args[4:]), dict(dequantize.kwargs),
+        like=dequantize,
+    )
