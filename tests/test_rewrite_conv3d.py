@@ -7,13 +7,14 @@ import torch
 from executorch.exir import to_edge_transform_and_lower
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 import xnnguard
 from tests.rewrite_support import PRECISIONS, assert_within_rank_limit, lower_and_run, ops, rewritten
 from tests.support import run_pte
 from xnnguard.passes import DO_NOT_DELEGATE
 from xnnguard.passes.rewrite_conv3d import Conv3dGeometry, RewriteConv3dPass, conv2d_constants, conv3d_as_conv2d
-from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter, rewrite_for_xnnpack
+from xnnguard.passes.rewrite_for_xnnpack import RewriteError, XnnpackRewriter, rewrite_for_xnnpack
 from xnnguard.report import Rule
 
 
@@ -211,3 +212,13 @@ def test_a_core_aten_program_without_example_inputs_is_rewritten_too() -> None:
     assert "convolution" not in ops(result) and "_native_batch_norm_legit_no_training" not in ops(result)
     with torch.no_grad():
         torch.testing.assert_close(result.module()(x), block(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_failing_pass_is_named_in_a_clear_error() -> None:
+    class Broken(PassBase):
+        def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+            raise ValueError("cannot do this")
+
+    ep = torch.export.export(torch.nn.Conv3d(1, 1, 1).eval(), (torch.randn(1, 1, 2, 2, 2),))
+    with pytest.raises(RewriteError, match=r"Broken failed \(after RewriteConv3dPass\): cannot do this"):
+        XnnpackRewriter([RewriteConv3dPass(), Broken()])(ep)

@@ -64,14 +64,21 @@ class XnnpackRewriter:
         self.report = []
         module = ep.module()
         modified = False
+        done: list[str] = []
         for rewrite in self.passes:
-            result = rewrite(module)
+            name = type(rewrite).__name__
+            try:
+                result = rewrite(module)
+            except Exception as error:  # name the pass and what ran before it, keep the cause
+                after = f" (after {', '.join(done)})" if done else ""
+                raise RewriteError(f"{name} failed{after}: {error}") from error
+            done.append(name)
             if result is None:
                 continue
             module = result.graph_module
             modified |= result.modified
             self.report.extend(getattr(result, "report", ()))
-        logger.info("xnnguard rewrite: %s", summarize(self.report).replace("kept out of XNNPACK", "not rewritten"))
+        logger.info("xnnguard rewrite: %s", summarize(self.report))
         if not modified:
             unchanged = copy.deepcopy(ep) if self.report else ep
             _tag(unchanged, self.report)
