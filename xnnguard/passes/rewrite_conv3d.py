@@ -37,6 +37,7 @@ from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
 from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.passes.size_args import triple
 from xnnguard.passes.splice import attribute_tensor, drop_unused_attributes, splice_before
+from xnnguard.passes.strided_select import select_every
 from xnnguard.report import KeptOut, Rule
 
 __all__ = ["Conv3dGeometry", "RewriteConv3dPass", "conv2d_constants", "conv3d_as_conv2d", "conv3d_geometry"]
@@ -174,24 +175,6 @@ def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
     )
 
 
-def _frames(frames: torch.Tensor, first: int, step: int, count: int) -> torch.Tensor:
-    """Frames ``first, first+step, ...`` (``count`` of them) of ``frames`` (A, D, B), without a strided slice.
-
-    XNNPACK's slice takes unit steps only: a step is taken by viewing ``step`` frames as one and keeping
-    the first of each; a last frame that would read past the end is taken on its own.
-    """
-    depth = frames.shape[1]
-    if step == 1 or count == 1:
-        return frames if first == 0 and count == depth else frames[:, first : first + count]
-    if first + step * count > depth:
-        head = _frames(frames, first, step, count - 1)
-        last = first + step * (count - 1)
-        return torch.cat([head, frames[:, last : last + 1]], 1)
-    block = frames if first == 0 and step * count == depth else frames[:, first : first + step * count]
-    inner = frames.shape[2]
-    return block.reshape(frames.shape[0], count, step * inner)[:, :, :inner]
-
-
 def _pad_hw(x: torch.Tensor, geometry: Conv3dGeometry) -> tuple[torch.Tensor, tuple[int, int]]:
     symmetric = geometry.spatial_padding()
     if symmetric is not None:
@@ -293,7 +276,7 @@ def conv3d_as_conv2d(
         if not run.taps:
             outputs.append(next(read))
             continue
-        tap_frames = [_frames(frames, run.input_frame(j), sd, run.count) for j in run.taps]
+        tap_frames = [select_every(frames, run.input_frame(j), sd, run.count) for j in run.taps]
         if depth_taps == "fold":
             folded = _fold_frames(tap_frames, n * run.count, groups, h, w)
             folded, padding = _pad_hw(folded, geometry)

@@ -30,6 +30,7 @@ from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
 from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.passes.size_args import Triple, triple
 from xnnguard.passes.splice import splice_before
+from xnnguard.passes.strided_select import select_every
 from xnnguard.report import KeptOut, Rule
 
 __all__ = ["Pool3d", "RewritePool3dPass", "pool3d", "pool3d_as_2d", "pool3d_correction"]
@@ -81,8 +82,8 @@ class Pool3d:
         """Why XNNPACK could not run the 2-D stages, or None."""
         if self.kind == "max":
             for dim, name in ((0, "depth"), (1, "height"), (2, "width")):
-                if self.stride[dim] > self.kernel[dim]:
-                    return f"{name} stride {self.stride[dim]} > kernel {self.kernel[dim]} (XNNPACK max pooling needs stride <= kernel)"
+                if self.stride[dim] > self.kernel[dim] and self.ceil_extra(dim) > 0:
+                    return f"{name} stride {self.stride[dim]} > kernel {self.kernel[dim]} with a ceil_mode window"
         elif self.dilation != (1, 1, 1):
             return "dilated average pooling"
         return None
@@ -134,6 +135,28 @@ def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
     )
 
 
+def _max_stage(x: torch.Tensor, pool: Pool3d, dims: tuple[int, int], out: tuple[int, int]) -> torch.Tensor:
+    """Max over (kernel[dims]) windows of ``x``'s last two dims (dim -1: a window of 1).
+
+    XNNPACK's max pooling needs stride <= kernel. A larger stride pools at the largest stride that
+    divides it and fits the kernel, then keeps every (stride / that)-th window (``select_every``).
+    """
+    kernel = tuple(pool.kernel[d] if d >= 0 else 1 for d in dims)
+    stride = tuple(pool.stride[d] if d >= 0 else 1 for d in dims)
+    padding = tuple(pool.padding[d] if d >= 0 else 0 for d in dims)
+    dilation = tuple(pool.dilation[d] if d >= 0 else 1 for d in dims)
+    pool_stride = tuple(max(t for t in range(1, k + 1) if s % t == 0) for k, s in zip(kernel, stride))
+    trivial = all(k == 1 for k in kernel) and not any(padding)
+    y = x if trivial else F.max_pool2d(x, kernel, pool_stride, padding, dilation, ceil_mode=pool.ceil_mode)
+    a, b, h, w = y.shape
+    step_h, step_w = stride[0] // pool_stride[0], stride[1] // pool_stride[1]
+    if step_h > 1:
+        y = select_every(y.reshape(a * b, h, w), 0, step_h, out[0]).reshape(a, b, out[0], w)
+    if step_w > 1:
+        y = select_every(y.reshape(a * b * out[0], w, 1), 0, step_w, out[1]).reshape(a, b, out[0], out[1])
+    return y
+
+
 def _avg_stage(x: torch.Tensor, pool: Pool3d, dims: tuple[int, int]) -> torch.Tensor:
     """Average over (kernel[dims]) windows of ``x``'s last two dims, counting only what the window sees."""
     kernel = tuple(pool.kernel[d] if d >= 0 else 1 for d in dims)
@@ -156,15 +179,13 @@ def pool3d_as_2d(x: torch.Tensor, pool: Pool3d, correction: torch.Tensor | float
     y = x.reshape(n, c * d, h, w)
     if not pool._stage_is_identity((1, 2)):
         if pool.kind == "max":
-            kernel, stride = pool.kernel[1:], pool.stride[1:]
-            y = F.max_pool2d(y, kernel, stride, pool.padding[1:], pool.dilation[1:], ceil_mode=pool.ceil_mode)
+            y = _max_stage(y, pool, (1, 2), (ho, wo))
         else:
             y = _avg_stage(y, pool, (1, 2))
     y = y.reshape(n, c, d, ho * wo)
     if not pool._stage_is_identity((0,)):
         if pool.kind == "max":
-            kd, sd, pd, dd = pool.kernel[0], pool.stride[0], pool.padding[0], pool.dilation[0]
-            y = F.max_pool2d(y, (kd, 1), (sd, 1), (pd, 0), (dd, 1), ceil_mode=pool.ceil_mode)
+            y = _max_stage(y, pool, (0, -1), (do, ho * wo))
         else:
             y = _avg_stage(y, pool, (0, -1))
     y = y.reshape(*pool.input_shape[:-3], do, ho, wo)
