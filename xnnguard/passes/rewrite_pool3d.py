@@ -6,13 +6,13 @@ Invariant established: no ``max_pool3d``, ``max_pool3d_with_indices`` (indices u
 (``kernel 'aten::max_pool3d_with_indices.out' not found``).
 
 A 3-D window is the product of a depth range and an (H, W) window, so the pooling separates: a 2-D
-pooling over (H, W) with the frames in the channels, then a 2-D pooling with a (kd, 1) window over
-(D, H*W). For max that is exact as it stands (a stride above the kernel, which XNNPACK's max pooling
-refuses, pools at a stride that fits and keeps every n-th window). For average, each stage averages over the elements it
-sees (``count_include_pad=False``, the form XNNPACK takes; the extra windows of ``ceil_mode`` come from an
-explicit zero pad), and a constant map then turns that into PyTorch's divisor (padding counted or not,
-windows clipped by ``ceil_mode``, ``divisor_override``): the map is PyTorch's own ``avg_pool3d`` of a
-tensor of ones divided by the two stages applied to the same ones.
+pooling over (H, W) with the frames in the channels, then a 2-D pooling with a (kd, 1) window over (D,
+H*W). For max that is exact as it stands (a stride above the kernel, which XNNPACK's max pooling
+refuses, pools at a stride that fits and keeps every n-th window). For average, each stage averages over
+the elements it sees (``count_include_pad=False``, the form XNNPACK takes; the extra windows of
+``ceil_mode`` come from an explicit zero pad), and a constant map then turns that into PyTorch's divisor
+(padding counted or not, windows clipped by ``ceil_mode``, ``divisor_override``): the map is PyTorch's
+own ``avg_pool3d`` of a tensor of ones divided by the two stages applied to the same ones.
 """
 
 from __future__ import annotations
