@@ -64,15 +64,40 @@ class BroadcastAdd(torch.nn.Module):
         return torch.relu(x.reshape(self.shape) + y.reshape(self.broadcast)).reshape(self.shape[0], -1)
 
 
-class HighRankSoftmaxSumCat(torch.nn.Module):
-    """A softmax over one dim, a sum over two adjacent dims and a cat, all on 8-D tensors."""
+class HighRankReductions(torch.nn.Module):
+    """Softmax, reductions and a cat on an 8-D view of a 2-D input; ``op`` picks which."""
 
     shape = (2, 3, 2, 2, 3, 2, 2, 4)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __init__(self, op: str) -> None:
+        super().__init__()
+        self.op = op
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x.reshape(self.shape)
-        joined = torch.cat([torch.softmax(y, dim=4), y * 2], dim=3)
-        return joined.reshape(2, -1), y.sum(dim=(5, 6)).reshape(2, -1)
+        if self.op == "softmax over the last dim":
+            z = torch.softmax(y, dim=-1)
+        elif self.op == "softmax over a middle dim":
+            z = torch.log_softmax(y, dim=4)
+        elif self.op == "mean over the trailing dims":
+            z = y.mean(dim=(6, 7), keepdim=True)
+        elif self.op == "sum over adjacent middle dims":
+            z = y.sum(dim=(4, 5))
+        elif self.op == "amax over all dims":
+            z = y.amax(dim=(0, 1, 2, 3, 4, 5, 6, 7))
+        elif self.op == "cat":
+            z = torch.cat([y, y * 2, y[:, :, :, :1] - 1], dim=3)
+        else:
+            raise ValueError(self.op)
+        return z.reshape(2, -1) if z.dim() else z
+
+    @classmethod
+    def example_inputs(cls) -> tuple[torch.Tensor, ...]:
+        return (torch.randn(2, math.prod(cls.shape[1:])),)
+
+
+REDUCTIONS = ["softmax over the last dim", "softmax over a middle dim", "mean over the trailing dims",
+              "sum over adjacent middle dims", "amax over all dims", "cat"]
 
 
 def reduce_rank(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.export.ExportedProgram:
@@ -210,12 +235,20 @@ def test_rewritten_broadcasting_elementwise_ops_equal_eager_with_no_tensor_above
     assert torch.equal(ep.module()(*inputs), model(*inputs))
 
 
-def test_rewritten_softmax_sum_and_cat_equal_eager_with_no_tensor_above_the_limit() -> None:
-    model, x = HighRankSoftmaxSumCat(), torch.randn(2, 3 * 2 * 2 * 3 * 2 * 2 * 4)
-    ep = reduce_rank(model, (x,))
+@pytest.mark.parametrize("op", REDUCTIONS)
+def test_rewritten_softmax_reduction_or_cat_equals_eager_with_no_tensor_above_the_limit(op: str) -> None:
+    model, inputs = HighRankReductions(op), HighRankReductions.example_inputs()
+    ep = reduce_rank(model, inputs)
     assert_every_tensor_within_the_limit(ep.graph)
-    for got, want in zip(ep.module()(x), model(x)):
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ep.module()(*inputs), model(*inputs), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["softmax over the last dim", "mean over the trailing dims", "cat"])
+def test_softmax_mean_and_cat_in_xnnpack_form_lower_fully_and_run(op: str) -> None:
+    """Rank is not all: XNNPACK takes softmax over the last dim and mean as 4-D pooling only."""
+    lowered, out, reference, tolerance = lower_and_run(HighRankReductions(op), HighRankReductions.example_inputs(), "float")
+    assert set(lowered.outside_ops()) <= {"_to_dim_order_copy"}  # cat's scalar 2, a lifted constant
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
 def test_pass_works_in_place_on_the_lifted_graph_right_before_lowering() -> None:
@@ -347,6 +380,18 @@ def test_a_permute_with_a_dynamic_dim_is_left_tagged_and_reported() -> None:
     assert "dynamic shape" in reasons[permute.name] and permute.meta[DO_NOT_DELEGATE] == reasons[permute.name]
     longer = torch.randn(7, 384)
     assert torch.equal(result.module()(longer), model(longer))
+
+
+def test_a_reduction_over_dims_that_are_not_adjacent_is_left_and_reported() -> None:
+    class SumOfTwoApartDims(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(2, 3, 2, 2, 3, 2, 2, 4).sum(dim=(2, 5)).reshape(2, -1)
+
+    model, x = SumOfTwoApartDims(), torch.randn(2, 576)
+    rewriter = XnnpackRewriter([ReduceRankPass()])
+    ep = rewriter(torch.export.export(model, (x,)))
+    assert any("not adjacent" in record.reason for record in rewriter.report)
+    torch.testing.assert_close(ep.module()(x), model(x))
 
 
 def test_a_graph_without_high_rank_ops_is_left_unchanged() -> None:

@@ -26,6 +26,7 @@ from xnnguard.passes.reduce_rank_cat import ReduceRankCatPass
 from xnnguard.passes.reduce_rank_elementwise import ReduceRankElementwisePass
 from xnnguard.passes.reduce_rank_permute import ReduceRankPermutePass
 from xnnguard.passes.reduce_rank_reduction import ReduceRankReductionPass
+from xnnguard.passes.reduce_rank_slice import ReduceRankSlicePass
 from xnnguard.rank_limit import exceeds_rank_limit, rank_violation
 from xnnguard.report import KeptOut
 
@@ -41,6 +42,7 @@ def rank_reduction_passes() -> list[PassBase]:
         ReduceRankElementwisePass(),
         ReduceRankReductionPass(),
         ReduceRankCatPass(),
+        ReduceRankSlicePass(),
         FlattenHighRankLinearPass(),
         FuseHighRankViewsPass(),
     ]

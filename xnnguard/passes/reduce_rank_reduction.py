@@ -7,8 +7,9 @@ original output shape (folded into neighbouring views by ``FuseHighRankViewsPass
 
 Why it is exact: such an op treats the dims before and after the reduced ones only as independent
 rows, so they can each be one dim; the reduced run becomes one dim of the same elements in the same
-order. A softmax over the last dim stays over the last dim (the form XNNPACK runs). Reductions over
-dims that are not adjacent are left and reported.
+order. A softmax over the last dim stays over the last dim, and a mean over the trailing dims becomes
+a 4-D mean over dims (2, 3): the forms XNNPACK runs. Reductions over dims that are not adjacent are
+left and reported.
 """
 
 from __future__ import annotations
@@ -91,9 +92,13 @@ class ReduceRankReductionPass(PassBase):
         before = math.prod(shape[: dims[0]])
         reduced = math.prod(shape[dims[0] : dims[-1] + 1])
         after = math.prod(shape[dims[-1] + 1 :])
-        merged_shape = [before, reduced] + ([after] if after != 1 else [])
         args, kwargs = list(node.args), dict(node.kwargs)
-        new_dim = 1 if node.target in _SOFTMAXES else [1]
+        if node.target is _aten.mean.dim and after == 1 and kwargs.get("dtype") is None:
+            # XNNPACK's global average pooling: a 4-D mean over dims (2, 3), keepdim
+            merged_shape, new_dim = [1, before, reduced, 1], [2, 3]
+        else:
+            merged_shape = [before, reduced] + ([after] if after != 1 else [])
+            new_dim = 1 if node.target in _SOFTMAXES else [1]
         if len(args) > 1:
             args[1] = new_dim
         else:

@@ -1,0 +1,78 @@
+"""Run each slice above XNNPACK's rank limit on (before, sliced, after) merged dims.
+
+Invariant established: no ``slice`` with static shapes has a tensor above ``XNN_MAX_TENSOR_DIMS``
+dims; it becomes ``reshape(before, size, after)`` -> ``slice`` along dim 1 -> ``reshape`` to the
+original output shape (folded into neighbouring views by ``FuseHighRankViewsPass``).
+
+Why it is exact: a slice keeps every index of the other dims, so the dims before and after the sliced
+one are only rows and columns of it and can each be one dim.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from torch.fx.passes.infra.pass_base import PassBase
+
+from xnnguard.passes.high_rank_nodes import high_rank, insert_op, insert_reshape, left_high_rank, static_shape
+from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.report import KeptOut
+
+__all__ = ["ReduceRankSlicePass"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+_aten = torch.ops.aten
+_SLICES = {_aten.slice.Tensor, _aten.slice_copy.Tensor}
+
+
+class ReduceRankSlicePass(PassBase):
+    """Runs each high-rank slice on three merged dims; reports the ones it cannot."""
+
+    @staticmethod
+    def picks(node: torch.fx.Node) -> bool:
+        return node.op == "call_function" and node.target in _SLICES and high_rank(node)
+
+    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
+        report: list[KeptOut] = []
+        modified = False
+        for node in list(graph_module.graph.nodes):
+            if not self.picks(node):
+                continue
+            reason = self._rewrite(graph_module.graph, node)
+            if reason is None:
+                modified = True
+            else:
+                report.append(left_high_rank(node, reason))
+                logger.info("%s", report[-1])
+        if modified:
+            graph_module.graph.eliminate_dead_code()
+            graph_module.graph.lint()
+            graph_module.recompile()
+        return ReportedPassResult(graph_module, modified, report)
+
+    @staticmethod
+    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
+        x = node.args[0]
+        shape, output_shape = static_shape(x), static_shape(node)
+        if shape is None or output_shape is None:
+            return "dynamic shape: merging dims needs static sizes"
+        assert isinstance(x, torch.fx.Node)
+        args = list(node.args) + [None] * (5 - len(node.args))
+        dim = node.kwargs.get("dim", args[1] if args[1] is not None else 0)
+        if not all(isinstance(v, (int, type(None))) for v in (dim, *args[2:])):
+            return "its bounds are not constants"
+        dim = int(dim) % len(shape)  # type: ignore[arg-type]
+        before, after = math.prod(shape[:dim]), math.prod(shape[dim + 1 :])
+        start = node.kwargs.get("start", args[2])
+        end = node.kwargs.get("end", args[3])
+        step = node.kwargs.get("step", args[4] if args[4] is not None else 1)
+        with graph.inserting_before(node):
+            merged_input = insert_reshape(graph, x, (before, shape[dim], after), like=node)
+            merged = insert_op(graph, node.target, (merged_input, 1, start, end, step), like=node)
+            y = insert_reshape(graph, merged, output_shape, like=node)
+        node.replace_all_uses_with(y)
+        logger.debug("%s: %d-D slice on 3 merged dims", node.name, len(shape))
+        return None
