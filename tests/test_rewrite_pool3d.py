@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import xnnguard
-from tests.rewrite_support import lower_and_run, ops, rewritten
+from tests.rewrite_support import PRECISIONS, lower_and_run, ops, rewritten
 from tests.support import run_pte
 from xnnguard.passes import DO_NOT_DELEGATE
 from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter
@@ -145,10 +145,11 @@ def test_stock_1_5_1_cannot_load_the_mixed_3d_cnn() -> None:
         run_pte(program.buffer, (x,))
 
 
-def test_mixed_3d_cnn_runs_fully_delegated_after_the_rewrite() -> None:
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_mixed_3d_cnn_runs_fully_delegated_after_the_rewrite(precision: str) -> None:
     torch.manual_seed(0)
     x = torch.randn(1, 3, 8, 32, 32)
-    lowered, out, reference, tolerance = lower_and_run(Mixed3dCnn().eval(), x, "float")
+    lowered, out, reference, tolerance = lower_and_run(Mixed3dCnn().eval(), x, precision)  # type: ignore[arg-type]
     assert lowered.outside_ops() == {}
     delegated = lowered.delegated_ops()
     assert delegated["max_pool2d"] == 3 and delegated["avg_pool2d"] == 2  # pool1 has no depth stage
