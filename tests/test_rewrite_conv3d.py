@@ -156,6 +156,15 @@ def test_qwen2_vl_patch_embedding_runs_as_one_delegated_linear(precision: str) -
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
+def test_a_frame_wise_conv_runs_dynamically_quantized() -> None:
+    """Kernel depth 1 (R(2+1)D's spatial conv): the conv input must come from a cat for 1.5.1's NHWC pass."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv3d(8, 16, (1, 3, 3), padding=(0, 1, 1)).eval()
+    lowered, out, reference, tolerance = lower_and_run(conv, torch.randn(1, 8, 4, 12, 12), "dynamic int8")
+    assert lowered.outside_ops() == {}
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
 def test_without_the_rewrite_stock_1_5_1_cannot_run_the_r3d_block() -> None:
     """The e2e tests above fail without the rewrite: XNNPACK has no 3-D conv and portable conv no 3-D."""
     x = torch.randn(1, 8, 8, 16, 16)
