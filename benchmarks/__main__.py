@@ -25,6 +25,13 @@ def _bench_modules(names: list[str]) -> list[str]:
     return [n if n in found else f"bench_{n}" for n in names]
 
 
+def _verdict(result: object) -> str:
+    """``False``: a target was missed; ``True``: every target met; anything else (figures, None): it ran."""
+    if result is False:
+        return "TARGET MISSED"
+    return "targets met" if result is True else "done"
+
+
 def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore")
     failed = []
@@ -32,12 +39,12 @@ def main(argv: list[str]) -> int:
         started = time.perf_counter()
         try:
             result = importlib.import_module(f"benchmarks.{name}").main()
-            verdict = "TARGET MISSED" if result is False else "done"
+            verdict = _verdict(result)
         except Exception:
             traceback.print_exc()
             verdict = "FAILED"
         print(f"{name}: {verdict} ({time.perf_counter() - started:.0f} s)\n")
-        if verdict != "done":
+        if verdict in ("TARGET MISSED", "FAILED"):
             failed.append(name)
     if failed:
         print(f"missed or failed: {', '.join(failed)}")
