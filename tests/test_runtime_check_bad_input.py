@@ -44,6 +44,11 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
         verify_pte(fifo)
 
 
+def test_a_source_of_another_type_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="a .pte source is a path, bytes or a memoryview, not list"):
+        verify_pte([1, 2, 3])
+
+
 def test_random_bytes_are_not_an_executorch_program() -> None:
     with pytest.raises(PteReadError, match="not an ExecuTorch program"):
         verify_pte(random.Random(0).randbytes(4096))

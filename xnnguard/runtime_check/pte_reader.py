@@ -70,6 +70,8 @@ def source_name(source: PteSource) -> str:
     """How messages name ``source``: its path, or ``<N bytes>``."""
     if isinstance(source, (str, os.PathLike)):
         return os.fspath(source)
+    if not isinstance(source, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a .pte source is a path, bytes or a memoryview, not {type(source).__name__}")
     return f"<{memoryview(source).nbytes} bytes>"
 
 
