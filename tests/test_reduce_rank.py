@@ -185,10 +185,14 @@ def test_permute_steps_equal_the_permute_and_each_stays_within_the_limit(case: t
     shape, perm = case
     x = torch.arange(math.prod(shape)).reshape(shape)
     y = x
-    for step in permute_steps(shape, perm, XNN_MAX_TENSOR_DIMS):
+    steps = permute_steps(shape, perm, XNN_MAX_TENSOR_DIMS)
+    for step in steps:
         assert not exceeds_rank_limit(len(step.input_shape))
         y = y.reshape(step.input_shape).permute(step.perm)
     assert torch.equal(y.reshape(x.permute(perm).shape), x.permute(perm))
+    # the fewest: one transpose when the merged permute fits, else two (enough up to 10 merged dims)
+    merged_rank = len(merge_permutation(shape, perm)[0])
+    assert len(steps) == (0 if merged_rank <= 1 else 1 if not exceeds_rank_limit(merged_rank) else 2)
 
 
 def test_dims_that_move_together_merge() -> None:
@@ -392,6 +396,16 @@ def test_a_reduction_over_dims_that_are_not_adjacent_is_left_and_reported() -> N
     ep = rewriter(torch.export.export(model, (x,)))
     assert any("not adjacent" in record.reason for record in rewriter.report)
     torch.testing.assert_close(ep.module()(x), model(x))
+
+
+def test_a_permute_tagged_do_not_delegate_is_left_as_it_is() -> None:
+    model, x = ReshapePermute((2, 2, 2, 2, 2, 2, 2, 3), (0, 7, 6, 5, 4, 3, 2, 1)), torch.randn(2, 192)
+    ep = torch.export.export(model, (x,))
+    (permute,) = [n for n in ep.graph.nodes if n.target == torch.ops.aten.permute.default]
+    permute.meta[DO_NOT_DELEGATE] = "kept out by its owner"
+    result = ReduceRankPass()(ep.graph_module)
+    assert permute in ep.graph.nodes
+    assert any(r.node == permute.name and "kept out by its owner" in r.reason for r in result.report)
 
 
 def test_a_graph_without_high_rank_ops_is_left_unchanged() -> None:

@@ -47,15 +47,16 @@ def merge_permutation(shape: Sequence[int], perm: Sequence[int]) -> tuple[Shape,
     order. ``x.reshape(merged_shape).permute(merged_perm)`` holds the same elements in the same order
     as ``x.permute(perm)``. A permute that moves nothing merges to rank 1 (or 0 for a single element).
     """
-    kept = [d for d in perm if shape[d] != 1]
+    data_dims = [d for d in range(len(shape)) if shape[d] != 1]
+    index = {d: i for i, d in enumerate(data_dims)}  # dims of size 1 gone, so their neighbours are adjacent
     runs: list[list[int]] = []
-    for d in kept:
+    for d in (index[d] for d in perm if shape[d] != 1):
         if runs and d == runs[-1][-1] + 1:
             runs[-1].append(d)
         else:
             runs.append([d])
     by_input = sorted(range(len(runs)), key=lambda i: runs[i][0])
-    merged_shape = tuple(math.prod(shape[d] for d in runs[i]) for i in by_input)
+    merged_shape = tuple(math.prod(shape[data_dims[d]] for d in runs[i]) for i in by_input)
     rank_of_run = {run: rank for rank, run in enumerate(by_input)}
     merged_perm = tuple(rank_of_run[i] for i in range(len(runs)))
     return merged_shape, merged_perm

@@ -20,7 +20,7 @@ import logging
 import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.passes.high_rank_nodes import VIEW_OPS, insert_reshape, static_shape
+from xnnguard.passes.high_rank_nodes import VIEW_OPS, insert_reshape, static_shape, user_kept_out
 from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.rank_limit import exceeds_rank_limit
 
@@ -39,11 +39,11 @@ class FuseHighRankViewsPass(PassBase):
     @staticmethod
     def picks(node: torch.fx.Node) -> bool:
         """A view whose input is a view with a tensor above the limit (both with static shapes)."""
-        if not _is_view(node) or static_shape(node) is None:
+        if not _is_view(node) or static_shape(node) is None or user_kept_out(node):
             return False
         source = node.args[0]
         shape = static_shape(source)
-        return _is_view(source) and shape is not None and exceeds_rank_limit(len(shape))
+        return _is_view(source) and shape is not None and exceeds_rank_limit(len(shape)) and not user_kept_out(source)
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
         graph = graph_module.graph

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from xnnguard.passes.do_not_delegate import op_name
+from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 from xnnguard.report import KeptOut, Rule
 
@@ -26,6 +26,7 @@ __all__ = [
     "insert_reshape",
     "left_high_rank",
     "static_shape",
+    "user_kept_out",
 ]
 
 _aten = torch.ops.aten
@@ -69,6 +70,12 @@ def high_rank(node: torch.fx.Node) -> bool:
     return any(
         isinstance(v, torch.Tensor) and exceeds_rank_limit(v.dim()) for v in pytree.tree_leaves(values)
     )
+
+
+def user_kept_out(node: torch.fx.Node) -> bool:
+    """True when someone tagged ``node`` ``DO_NOT_DELEGATE``: a rewrite leaves it as it is, since the
+    nodes that would replace it carry no tag and XNNPACK would take them."""
+    return bool(node.meta.get(DO_NOT_DELEGATE))
 
 
 def _value(arg: object) -> object:

@@ -19,7 +19,14 @@ import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.dim_groups import broadcast_groups, grouped_shape
-from xnnguard.passes.high_rank_nodes import high_rank, insert_op, insert_reshape, left_high_rank, static_shape
+from xnnguard.passes.high_rank_nodes import (
+    high_rank,
+    insert_op,
+    insert_reshape,
+    left_high_rank,
+    static_shape,
+    user_kept_out,
+)
 from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 from xnnguard.report import KeptOut
@@ -47,7 +54,7 @@ class ReduceRankElementwisePass(PassBase):
 
     @staticmethod
     def picks(node: torch.fx.Node) -> bool:
-        return node.op == "call_function" and node.target in ELEMENTWISE_OPS and high_rank(node)
+        return node.op == "call_function" and node.target in ELEMENTWISE_OPS and high_rank(node) and not user_kept_out(node)
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
         report: list[KeptOut] = []

@@ -20,7 +20,7 @@ import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.dim_groups import permute_steps
-from xnnguard.passes.high_rank_nodes import insert_op, insert_reshape, left_high_rank, static_shape
+from xnnguard.passes.high_rank_nodes import insert_op, insert_reshape, left_high_rank, static_shape, user_kept_out
 from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 from xnnguard.report import KeptOut
@@ -58,7 +58,7 @@ class ReduceRankPermutePass(PassBase):
     @staticmethod
     def picks(node: torch.fx.Node) -> bool:
         perm = permutation_of(node)
-        return perm is not None and exceeds_rank_limit(len(perm))
+        return perm is not None and exceeds_rank_limit(len(perm)) and not user_kept_out(node)
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
         report: list[KeptOut] = []

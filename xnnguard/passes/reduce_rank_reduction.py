@@ -20,7 +20,14 @@ import math
 import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.passes.high_rank_nodes import high_rank, insert_op, insert_reshape, left_high_rank, static_shape
+from xnnguard.passes.high_rank_nodes import (
+    high_rank,
+    insert_op,
+    insert_reshape,
+    left_high_rank,
+    static_shape,
+    user_kept_out,
+)
 from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.report import KeptOut
 
@@ -55,7 +62,7 @@ class ReduceRankReductionPass(PassBase):
 
     @staticmethod
     def picks(node: torch.fx.Node) -> bool:
-        return node.op == "call_function" and (node.target in _SOFTMAXES or node.target in _REDUCTIONS) and high_rank(node)
+        return node.op == "call_function" and (node.target in _SOFTMAXES or node.target in _REDUCTIONS) and high_rank(node) and not user_kept_out(node)
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
         report: list[KeptOut] = []
