@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -58,8 +58,16 @@ _rank7 = _seeded(lambda: PermuteAdd(7), 2, 3, 2, 3, 2, 3, 2)
 _conv3d = _seeded(Conv3dReLU, 1, 3, 4, 6, 6)
 _conv2d = _seeded(lambda: Conv2dReLU(relu=False), 1, 3, 8, 8)
 _conv_linear = _seeded(ConvLinear, 1, 3, 8, 8)
-_per_tensor = lambda: xnnpack_quantizer(per_channel=False)  # noqa: E731
-_float_output = lambda: xnnpack_quantizer(per_channel=False, float_output=True)  # noqa: E731
+
+
+def _per_tensor() -> object:
+    return xnnpack_quantizer(per_channel=False)
+
+
+def _float_output() -> object:
+    return xnnpack_quantizer(per_channel=False, float_output=True)
+
+
 _orphaned = frozenset({"unwritten_output", "extern_ids"})
 
 CORPUS: dict[str, Entry] = {

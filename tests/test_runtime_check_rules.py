@@ -18,7 +18,9 @@ NO_VALUE = 0xFFFFFFFF
 INPUT, OUTPUT = 1, 2
 
 
-def tensor(id_out: int, dims: list[int], *, flags: int = 0, external_id: int = NO_VALUE, constant: int = 0) -> xs.XValue:
+def tensor(
+    id_out: int, dims: list[int], *, flags: int = 0, external_id: int = NO_VALUE, constant: int = 0
+) -> xs.XValue:
     return xs.XValue(
         xs.XNNTensorValue(xs.XNNDatatype.xnn_datatype_fp32, len(dims), dims, constant, external_id, flags, id_out)
     )
@@ -72,8 +74,12 @@ def test_a_missing_bias_and_unused_concatenation_inputs_are_not_reads() -> None:
     nodes = [
         xs.XNode(xs.XNNFullyConnected(input1_id=0, filter_id=1, bias_id=NO_VALUE, output_id=3, flags=0), 0),
         # a 2-input concatenation whose unused slots hold 0, a real value id
-        xs.XNode(xs.XNNConcatenate2(axis=0, input1_id=3, input2_id=2, input3_id=0, input4_id=0, output_id=4,
-                                    flags=0, input5_id=0), 0),
+        xs.XNode(
+            xs.XNNConcatenate2(
+                axis=0, input1_id=3, input2_id=2, input3_id=0, input4_id=0, output_id=4, flags=0, input5_id=0
+            ),
+            0,
+        ),
     ]
     graph = serialized(values, nodes, 3)
     assert [(n.op, n.inputs) for n in graph.nodes] == [("XNNFullyConnected", (0, 1)), ("XNNConcatenate2", (3, 2))]

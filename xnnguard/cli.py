@@ -63,7 +63,7 @@ def _command_logging(verbose: bool) -> Iterator[None]:
             yield
         finally:
             ours.removeHandler(handler)
-            for logger, level in zip(loggers, levels):
+            for logger, level in zip(loggers, levels, strict=True):
                 logger.setLevel(level)
 
 

@@ -108,7 +108,9 @@ def dataflow_problems(graph: XnnGraph, flow: nx.DiGraph, method: str, delegate: 
             seen.add(value_id)
             value = flow.nodes[_value_key(value_id)].get("value")
             if value is None:
-                message = f"reads value {value_id}, which the delegate never defines: XNNPACK fails to create the runtime"
+                message = (
+                    f"reads value {value_id}, which the delegate never defines: XNNPACK fails to create the runtime"
+                )
                 problems.append(Problem("unwritten_value", message, **_at(method, delegate, node, value_id=value_id)))
             elif not _is_written(flow, value):
                 message = (
@@ -118,7 +120,9 @@ def dataflow_problems(graph: XnnGraph, flow: nx.DiGraph, method: str, delegate: 
                 problems.append(Problem("unwritten_value", message, **_at(method, delegate, node, value)))
         for value_id in node.outputs:
             if flow.nodes[_value_key(value_id)].get("value") is None:
-                message = f"writes value {value_id}, which the delegate never defines: XNNPACK fails to create the runtime"
+                message = (
+                    f"writes value {value_id}, which the delegate never defines: XNNPACK fails to create the runtime"
+                )
                 problems.append(Problem("unwritten_value", message, **_at(method, delegate, node, value_id=value_id)))
     for value in graph.values:
         if value.is_external_output and flow.in_degree(_value_key(value.id)) == 0:

@@ -16,7 +16,7 @@ from enum import Enum
 from functools import cache
 from pathlib import Path
 
-__all__ = ["FieldDef", "FieldKind", "Schema", "SchemaError", "executorch_schema", "load_schema", "SCALAR_FORMATS"]
+__all__ = ["SCALAR_FORMATS", "FieldDef", "FieldKind", "Schema", "SchemaError", "executorch_schema", "load_schema"]
 
 
 class SchemaError(ValueError):
@@ -80,7 +80,7 @@ class Schema:
 
 
 _TOKEN = re.compile(r'"[^"]*"|[A-Za-z_][A-Za-z0-9_.]*|-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|[{}\[\]():;=,]')
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 
 
 class _Tokens:
@@ -237,4 +237,4 @@ def executorch_schema(relative_path: str) -> Schema:
     spec = importlib.util.find_spec("executorch")
     if spec is None or not spec.submodule_search_locations:
         raise SchemaError("the executorch package is not installed")
-    return load_schema(Path(list(spec.submodule_search_locations)[0]) / relative_path)
+    return load_schema(Path(next(iter(spec.submodule_search_locations))) / relative_path)

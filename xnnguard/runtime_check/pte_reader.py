@@ -14,14 +14,14 @@ import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from xnnguard.runtime_check.fbs_schema import Schema, executorch_schema
 from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView, root_table
 
 __all__ = ["Delegate", "DelegateCall", "Method", "PteReadError", "PteSource", "open_pte", "read_methods", "source_name"]
 
-PteSource = Union[str, os.PathLike, bytes, bytearray, memoryview]
+PteSource = str | os.PathLike | bytes | bytearray | memoryview
 
 _PROGRAM_IDENTIFIER = b"ET12"
 _EXTENDED_HEADER_MAGIC = b"eh00"

@@ -157,7 +157,9 @@ def _check_all(files: list[str], load: bool, run: bool, jobs: int, progress: _Pr
             try:
                 by_path[path] = future.result()
             except BrokenProcessPool:
-                by_path[path] = Outcome(path, error=f"{path}: the checker process died (the runtime crashed loading a file)")
+                by_path[path] = Outcome(
+                    path, error=f"{path}: the checker process died (the runtime crashed loading a file)"
+                )
             progress.advance(path)
     return [by_path[path] for path in files]
 
@@ -173,7 +175,12 @@ def _exit_code(outcomes: list[Outcome]) -> int:
 def _summary(outcomes: list[Outcome]) -> dict[str, int]:
     ok = sum(1 for o in outcomes if o.report is not None and o.report.ok)
     unreadable = sum(1 for o in outcomes if o.error is not None)
-    return {"files": len(outcomes), "ok": ok, "with_problems": len(outcomes) - ok - unreadable, "unreadable": unreadable}
+    return {
+        "files": len(outcomes),
+        "ok": ok,
+        "with_problems": len(outcomes) - ok - unreadable,
+        "unreadable": unreadable,
+    }
 
 
 def _print_text(outcomes: list[Outcome], quiet: bool, out: TextIO) -> None:
