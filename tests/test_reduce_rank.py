@@ -15,11 +15,12 @@ from xnnguard.example_models import HighRankLinear, Patchify
 from xnnguard.passes.dim_groups import merge_permutation, permute_steps
 from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
 from xnnguard.passes.reduce_rank import ReduceRankPass
-from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter
+from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter, default_rewrites
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit, rank_violation
 from xnnguard.report import Rule
 
 PRECISIONS = ("float", "static int8", "dynamic int8")
+Shape = tuple[int, ...]
 
 
 # ---------------------------------------------------------------- models
@@ -141,7 +142,9 @@ def outside_nodes_not_at_the_io(lowered) -> list[str]:  # type: ignore[no-untype
     ]
 
 
-def lower_and_run(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], precision: str, *, rewrite: bool = True):  # type: ignore[no-untyped-def]
+def lower_and_run(  # type: ignore[no-untyped-def]
+    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], precision: str, *, rewrite: bool = True
+):
     """Rank-reduce (or not), quantize with ExecuTorch's XNNPACKQuantizer after it, lower with xnnguard, run.
 
     Returns (lowered, .pte output, reference, tolerance): eager float within fp32 rounding, or the
@@ -169,7 +172,7 @@ def lower_and_run(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], prec
 
 
 @st.composite
-def permutes(draw: st.DrawFn, min_rank: int = 7, max_rank: int = 10) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def permutes(draw: st.DrawFn, min_rank: int = 7, max_rank: int = 10) -> tuple[Shape, Shape]:
     """A random shape of rank 7-10 (sizes 1-4, at most ~5k elements) and a random permutation of it."""
     rank = draw(st.integers(min_rank, max_rank))
     shape = [draw(st.integers(1, 4)) for _ in range(rank)]
@@ -181,7 +184,7 @@ def permutes(draw: st.DrawFn, min_rank: int = 7, max_rank: int = 10) -> tuple[tu
 
 @settings(derandomize=True, max_examples=40, deadline=None)
 @given(permutes())
-def test_permute_steps_equal_the_permute_and_each_stays_within_the_limit(case: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+def test_permute_steps_equal_the_permute_and_each_stays_within_the_limit(case: tuple[Shape, Shape]) -> None:
     shape, perm = case
     x = torch.arange(math.prod(shape)).reshape(shape)
     y = x
@@ -197,7 +200,8 @@ def test_permute_steps_equal_the_permute_and_each_stays_within_the_limit(case: t
 
 def test_dims_that_move_together_merge() -> None:
     # Swin3D's window partition: (0, 1) stay together, and so do (6, 7): 8 dims become 6.
-    assert merge_permutation((2, 2, 2, 2, 4, 2, 4, 16), (0, 1, 3, 5, 2, 4, 6, 7)) == ((4, 2, 2, 4, 2, 64), (0, 2, 4, 1, 3, 5))
+    merged = merge_permutation((2, 2, 2, 2, 4, 2, 4, 16), (0, 1, 3, 5, 2, 4, 6, 7))
+    assert merged == ((4, 2, 2, 4, 2, 64), (0, 2, 4, 1, 3, 5))
 
 
 def test_the_patchify_permute_takes_two_transposes() -> None:
@@ -211,7 +215,7 @@ def test_the_patchify_permute_takes_two_transposes() -> None:
 
 @settings(derandomize=True, max_examples=30, deadline=None)
 @given(permutes())
-def test_rewritten_permute_equals_eager_exactly_with_no_tensor_above_the_limit(case: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+def test_rewritten_permute_equals_eager_exactly_with_no_tensor_above_the_limit(case: tuple[Shape, Shape]) -> None:
     shape, perm = case
     model, x = ReshapePermute(shape, perm), torch.randn(shape[0], math.prod(shape[1:]))
     ep = reduce_rank(model, (x,))
@@ -220,8 +224,8 @@ def test_rewritten_permute_equals_eager_exactly_with_no_tensor_above_the_limit(c
 
 
 @st.composite
-def broadcasts(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """An 8-D shape and a broadcastable one that is broadcast along a few runs of dims (trailing ones may be missing)."""
+def broadcasts(draw: st.DrawFn) -> tuple[Shape, Shape]:
+    """An 8-D shape and one broadcast along some pairs of its dims (leading dims may be missing)."""
     shape = tuple(draw(st.integers(2, 3)) for _ in range(8))
     runs = draw(st.lists(st.booleans(), min_size=4, max_size=4))  # broadcast along dims (2i, 2i+1)?
     broadcast = tuple(1 if runs[d // 2] else size for d, size in enumerate(shape))
@@ -230,7 +234,7 @@ def broadcasts(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 @settings(derandomize=True, max_examples=25, deadline=None)
 @given(broadcasts())
-def test_rewritten_broadcasting_elementwise_ops_equal_eager_with_no_tensor_above_the_limit(case: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+def test_rewritten_broadcasting_elementwise_ops_equal_eager_with_no_tensor_above_the_limit(case: tuple[Shape, Shape]) -> None:
     shape, broadcast = case
     model = BroadcastAdd(shape, broadcast)
     inputs = (torch.randn(shape[0], math.prod(shape[1:])), torch.randn(math.prod(broadcast)))
@@ -250,7 +254,8 @@ def test_rewritten_softmax_reduction_or_cat_equals_eager_with_no_tensor_above_th
 @pytest.mark.parametrize("op", ["softmax over the last dim", "mean over the trailing dims", "cat"])
 def test_softmax_mean_and_cat_in_xnnpack_form_lower_fully_and_run(op: str) -> None:
     """Rank is not all: XNNPACK takes softmax over the last dim and mean as 4-D pooling only."""
-    lowered, out, reference, tolerance = lower_and_run(HighRankReductions(op), HighRankReductions.example_inputs(), "float")
+    model, inputs = HighRankReductions(op), HighRankReductions.example_inputs()
+    lowered, out, reference, tolerance = lower_and_run(model, inputs, "float")
     assert set(lowered.outside_ops()) <= {"_to_dim_order_copy"}  # cat's scalar 2, a lifted constant
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
@@ -272,7 +277,7 @@ def test_pass_works_in_place_on_the_lifted_graph_right_before_lowering() -> None
 
 @settings(derandomize=True, max_examples=3, deadline=None)
 @given(permutes(min_rank=8, max_rank=10))
-def test_random_permutes_lower_fully_to_xnnpack_and_run_exactly(case: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+def test_random_permutes_lower_fully_to_xnnpack_and_run_exactly(case: tuple[Shape, Shape]) -> None:
     shape, perm = case
     model, x = ReshapePermute(shape, perm), torch.randn(shape[0], math.prod(shape[1:]))
     lowered, out, reference, _ = lower_and_run(model, (x,), "float")
@@ -304,7 +309,7 @@ def test_model_runs_fully_delegated_and_matches(name: str, precision: str) -> No
     "name, precision",
     # A float 8-D linear is not here: ExecuTorch's own decomposition (view -> addmm -> view) already
     # flattens it. Quantized, the 8-D q/dq keep the whole linear out of XNNPACK.
-    [(name, precision) for name in E2E_MODELS for precision in PRECISIONS if (name, precision) != ("8-D-linear", "float")],
+    [(name, p) for name in E2E_MODELS for p in PRECISIONS if (name, p) != ("8-D-linear", "float")],
 )
 def test_without_the_rewrite_high_rank_ops_run_outside_xnnpack(name: str, precision: str) -> None:
     """What the tests above catch: with tags only, the high-rank ops run on portable kernels."""
@@ -332,7 +337,8 @@ def torchao_quantized_high_rank_linear(weight: str) -> tuple[torch.nn.Module, tu
     torch.manual_seed(0)
     model = HighRankLinear(in_features=64, out_features=32).eval()
     granularity = PerAxis(0) if weight == "int8" else PerGroup(32)
-    quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=getattr(torch, weight), weight_granularity=granularity))
+    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=getattr(torch, weight), weight_granularity=granularity)
+    quantize_(model, config)
     unwrap_tensor_subclass(model)
     return model, (torch.randn(2, 1, 2, 3, 1, 2, 3, 64),)
 
@@ -353,6 +359,31 @@ def test_without_the_rewrite_a_torchao_quantized_8d_linear_cannot_become_a_progr
     model, inputs = torchao_quantized_high_rank_linear("int8")
     with pytest.raises(RuntimeError, match="Missing out variants"):
         lower(torch.export.export(model, inputs), inputs, xnnguard.XnnpackPartitioner())
+
+
+class VideoWindows(torch.nn.Module):
+    """A Conv3d tubelet embedding, then Swin3D's 8-D window partition, a ReLU and a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Conv3d(3, 16, (2, 4, 4), stride=(2, 4, 4))
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.embed(x).permute(0, 2, 3, 4, 1)
+        b, d, h, w, c = y.shape
+        windows = y.reshape(b, d // 2, 2, h // 4, 4, w // 4, 4, c).permute(0, 1, 3, 5, 2, 4, 6, 7)
+        return self.linear(torch.relu(windows.reshape(-1, 32, c)))
+
+
+def test_after_the_other_rewrites_a_video_model_runs_fully_delegated() -> None:
+    """ReduceRankPass at the end of ``rewrite_for_xnnpack``'s list: the 3-D conv and the 8-D window both go."""
+    torch.manual_seed(0)
+    model, x = VideoWindows().eval(), torch.randn(1, 3, 8, 32, 32)
+    ep = XnnpackRewriter([*default_rewrites(), ReduceRankPass()])(torch.export.export(model, (x,)))
+    lowered = lower(ep, (x,), xnnguard.XnnpackPartitioner())
+    assert lowered.outside_ops() == {}
+    torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], model(x), atol=1e-5, rtol=0)
 
 
 # ---------------------------------------------------------------- what is left, and why

@@ -112,7 +112,7 @@ def _best_intermediate(source: Layout, target: Layout, limit: int, budget: int =
         if kept + (n - len(prefix)) <= best[1]:  # type: ignore[operator]
             return
         last = prefix[-1] if prefix else None
-        candidates = [d for d in (target_next.get(last), source_next.get(last)) if d is not None] if last is not None else []
+        candidates = [] if last is None else [d for d in (target_next.get(last), source_next.get(last)) if d is not None]
         candidates += [d for d in source if d not in candidates]
         for d in candidates:
             if used[d]:
@@ -122,7 +122,8 @@ def _best_intermediate(source: Layout, target: Layout, limit: int, budget: int =
                 continue
             used[d] = True
             prefix.append(d)
-            search(breaks + (0 if in_order else 1), kept + (1 if last is not None and target_next.get(last) == d else 0))
+            joins_target = last is not None and target_next.get(last) == d
+            search(breaks + (0 if in_order else 1), kept + (1 if joins_target else 0))
             prefix.pop()
             used[d] = False
 
@@ -207,6 +208,6 @@ def broadcast_groups(output_shape: Sequence[int], operand_shapes: Sequence[Seque
 
 
 def grouped_shape(shape: Sequence[int], output_rank: int, groups: Sequence[Sequence[int]]) -> Shape:
-    """``shape`` (an operand, right-aligned to ``output_rank``) reshaped to ``groups``: products, or 1 where broadcast."""
+    """``shape`` (an operand, right-aligned to ``output_rank``) on ``groups``: products, or 1 where broadcast."""
     offset = output_rank - len(shape)
     return tuple(math.prod(shape[d - offset] if d >= offset else 1 for d in group) for group in groups)

@@ -71,10 +71,13 @@ def _affine_activation(x: torch.fx.Node) -> _AffineActivation | None:
     if not isinstance(quantize, torch.fx.Node) or not _name(quantize).startswith("quantize_affine"):
         return None
     qparams = quantize.args[2:4]
-    if x.args[2:4] != qparams or not all(isinstance(q, torch.fx.Node) and q.target is operator.getitem for q in qparams):
+    from_getitem = all(isinstance(q, torch.fx.Node) and q.target is operator.getitem for q in qparams)
+    if x.args[2:4] != qparams or not from_getitem:
         return None
     choose = qparams[0].args[0]  # type: ignore[union-attr]
-    if not _name(choose).startswith("choose_qparams_affine") or qparams[1].args[0] is not choose:  # type: ignore[union-attr]
+    if not _name(choose).startswith("choose_qparams_affine"):
+        return None
+    if qparams[1].args[0] is not choose:  # type: ignore[union-attr]
         return None
     source = quantize.args[0]
     if choose.args[0] is not source or not isinstance(source, torch.fx.Node):  # type: ignore[union-attr]
@@ -96,7 +99,8 @@ class FlattenHighRankLinearPass(PassBase):
 
     @staticmethod
     def picks(node: torch.fx.Node) -> bool:
-        return node.op == "call_function" and node.target is _aten.linear.default and high_rank(node) and not user_kept_out(node)
+        linear = node.op == "call_function" and node.target is _aten.linear.default
+        return linear and high_rank(node) and not user_kept_out(node)
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
         report: list[KeptOut] = []
@@ -140,16 +144,16 @@ class FlattenHighRankLinearPass(PassBase):
         return None
 
 
-def _quantize_rows(graph: torch.fx.Graph, activation: _AffineActivation, rows: torch.fx.Node, block_size: list[int]) -> torch.fx.Node:
+def _quantize_rows(
+    graph: torch.fx.Graph, activation: _AffineActivation, rows: torch.fx.Node, block_size: list[int]
+) -> torch.fx.Node:
     """``activation``'s choose/quantize/dequantize chain again, on the 2-D ``rows``."""
     choose, quantize, dequantize = activation.choose, activation.quantize, activation.dequantize
-    qparams = insert_op(graph, choose.target, (rows, choose.args[1], block_size, *choose.args[3:]), dict(choose.kwargs), like=choose)
+    choose_args = (rows, choose.args[1], block_size, *choose.args[3:])
+    qparams = insert_op(graph, choose.target, choose_args, dict(choose.kwargs), like=choose)
     scale = insert_op(graph, operator.getitem, (qparams, 0), like=choose)
     zero_point = insert_op(graph, operator.getitem, (qparams, 1), like=choose)
-    quantized = insert_op(
-        graph, quantize.target, (rows, block_size, scale, zero_point, *quantize.args[4:]), dict(quantize.kwargs), like=quantize
-    )
-    return insert_op(
-        graph, dequantize.target, (quantized, block_size, scale, zero_point, *dequantize.args[4:]), dict(dequantize.kwargs),
-        like=dequantize,
-    )
+    quantize_args = (rows, block_size, scale, zero_point, *quantize.args[4:])
+    quantized = insert_op(graph, quantize.target, quantize_args, dict(quantize.kwargs), like=quantize)
+    dequantize_args = (quantized, block_size, scale, zero_point, *dequantize.args[4:])
+    return insert_op(graph, dequantize.target, dequantize_args, dict(dequantize.kwargs), like=dequantize)

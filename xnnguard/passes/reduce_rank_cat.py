@@ -68,7 +68,8 @@ class ReduceRankCatPass(PassBase):
         if output_shape is None or any(shape is None for shape in shapes):
             return "dynamic shape: merging dims needs static sizes"
         rank = len(output_shape)
-        dim = int(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % rank  # type: ignore[call-overload]
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        dim = int(dim) % rank  # type: ignore[call-overload]
         joined = [shape for shape in shapes if len(shape) == rank]  # type: ignore[arg-type]
         before, after = math.prod(output_shape[:dim]), math.prod(output_shape[dim + 1 :])
         with graph.inserting_before(node):

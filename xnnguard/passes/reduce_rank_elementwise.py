@@ -54,7 +54,8 @@ class ReduceRankElementwisePass(PassBase):
 
     @staticmethod
     def picks(node: torch.fx.Node) -> bool:
-        return node.op == "call_function" and node.target in ELEMENTWISE_OPS and high_rank(node) and not user_kept_out(node)
+        elementwise = node.op == "call_function" and node.target in ELEMENTWISE_OPS
+        return elementwise and high_rank(node) and not user_kept_out(node)
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
         report: list[KeptOut] = []
@@ -93,7 +94,8 @@ class ReduceRankElementwisePass(PassBase):
             for arg in node.args:
                 shape = static_shape(arg) if isinstance(arg, torch.fx.Node) else None
                 if shape:
-                    arg = insert_reshape(graph, arg, grouped_shape(shape, rank, groups), like=node)  # type: ignore[arg-type]
+                    merged_shape = grouped_shape(shape, rank, groups)
+                    arg = insert_reshape(graph, arg, merged_shape, like=node)  # type: ignore[arg-type]
                 args.append(arg)
             merged = insert_op(graph, node.target, args, dict(node.kwargs), like=node)
             y = insert_reshape(graph, merged, output_shape, like=node)

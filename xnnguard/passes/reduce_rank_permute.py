@@ -95,5 +95,6 @@ class ReduceRankPermutePass(PassBase):
                 y = insert_op(graph, _aten.permute.default, (y, list(step.perm)), like=node)
             y = insert_reshape(graph, y, output_shape, like=node)
         node.replace_all_uses_with(y)
-        logger.debug("%s: %d-D permute as %d transposes %s", node.name, len(perm), len(steps), [s.input_shape for s in steps])
+        shapes = [step.input_shape for step in steps]
+        logger.debug("%s: %d-D permute as %d transposes %s", node.name, len(perm), len(steps), shapes)
         return None

@@ -62,7 +62,8 @@ class ReduceRankReductionPass(PassBase):
 
     @staticmethod
     def picks(node: torch.fx.Node) -> bool:
-        return node.op == "call_function" and (node.target in _SOFTMAXES or node.target in _REDUCTIONS) and high_rank(node) and not user_kept_out(node)
+        reduces = node.op == "call_function" and (node.target in _SOFTMAXES or node.target in _REDUCTIONS)
+        return reduces and high_rank(node) and not user_kept_out(node)
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
         report: list[KeptOut] = []
