@@ -20,7 +20,9 @@ _PUBLIC = {
     "Rule": "xnnguard.report",
     "XNN_MAX_TENSOR_DIMS": "xnnguard.rank_limit",
     "XNNPACKQuantizer": "xnnguard.quantizer",
-    "rewrite_for_xnnpack": "xnnguard.passes.rewrite_for_xnnpack",
+    "rewrite_for_xnnpack": "xnnguard.passes",
+    "XnnpackRewriter": "xnnguard.passes",
+    "RewriteError": "xnnguard.passes",
     "verify_pte": "xnnguard.runtime_check",
     "assert_pte_ok": "xnnguard.runtime_check",
 }
@@ -28,8 +30,15 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
-    from xnnguard.passes import DO_NOT_DELEGATE, TagConv3dPass, TagHighRankPass, XnnpackPartitioner
-    from xnnguard.passes.rewrite_for_xnnpack import rewrite_for_xnnpack
+    from xnnguard.passes import (
+        DO_NOT_DELEGATE,
+        RewriteError,
+        TagConv3dPass,
+        TagHighRankPass,
+        XnnpackPartitioner,
+        XnnpackRewriter,
+        rewrite_for_xnnpack,
+    )
     from xnnguard.quantizer import XNNPACKQuantizer
     from xnnguard.runtime_check import assert_pte_ok, verify_pte
     from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS

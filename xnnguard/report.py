@@ -20,6 +20,7 @@ class Rule(str, Enum):
     PRELU_RANK = "prelu_rank"  # xnnguard.prelu_rank
     PASSTHROUGH_OUTPUT = "passthrough_output"  # xnnguard.passthrough_output
     NEEDS_KEPT_OUT_NODE = "needs_kept_out_node"  # an op whose partition needs a node kept out
+    NOT_REWRITTEN = "not_rewritten"  # an op XNNPACK has no kernel for that a rewrite could not replace
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,7 @@ class RewritePool3dPass(PassBase):
                 self._rewrite(graph_module, node, pool)
                 modified = True
                 continue
-            record = KeptOut(node.name, op_name(node), Rule.USER_TAG, f"3-D pooling not rewritten: {reason}")
+            record = KeptOut(node.name, op_name(node), Rule.NOT_REWRITTEN, f"3-D pooling not rewritten: {reason}")
             node.meta.setdefault(DO_NOT_DELEGATE, record.reason)
             report.append(record)
             logger.info("%s", record)
