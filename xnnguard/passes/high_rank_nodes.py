@@ -8,8 +8,8 @@ op on its inputs' fake values, so later passes, quantizers and the rank checks r
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -25,9 +25,12 @@ __all__ = [
     "insert_op",
     "insert_reshape",
     "left_high_rank",
+    "rewrite_each",
     "static_shape",
     "user_kept_out",
 ]
+
+logger = logging.getLogger("xnnguard.rewrite")
 
 _aten = torch.ops.aten
 
@@ -125,5 +128,30 @@ def left_high_rank(node: torch.fx.Node, reason: str) -> KeptOut:
     return KeptOut(node.name, op_name(node), Rule.HIGH_RANK, f"left above {XNN_MAX_TENSOR_DIMS} dims: {reason}")
 
 
-def numel(shape: Sequence[int]) -> int:
-    return math.prod(shape)
+def rewrite_each(
+    graph_module: torch.fx.GraphModule,
+    picks: Callable[[torch.fx.Node], bool],
+    rewrite: Callable[[torch.fx.Graph, torch.fx.Node], str | None],
+) -> tuple[bool, list[KeptOut]]:
+    """Apply ``rewrite`` to every node ``picks``; return (whether any was rewritten, what was left and why).
+
+    ``rewrite`` returns None when it replaced the node, or the reason it did not. It inserts its nodes
+    first and redirects the node's users last, so when it fails midway (an op whose fake value cannot
+    be computed, say) only unused nodes are left for dead-code elimination: the node stays as it was
+    and is reported, never a traceback.
+    """
+    modified = False
+    report: list[KeptOut] = []
+    for node in list(graph_module.graph.nodes):
+        if not picks(node):
+            continue
+        try:
+            reason = rewrite(graph_module.graph, node)
+        except Exception as error:  # noqa: BLE001 - any failure leaves the node as it was, reported
+            reason = f"the rewrite failed ({type(error).__name__}: {error})"
+        if reason is None:
+            modified = True
+            continue
+        report.append(left_high_rank(node, reason))
+        logger.info("%s", report[-1])
+    return modified, report

@@ -20,12 +20,11 @@ from xnnguard.passes.high_rank_nodes import (
     high_rank,
     insert_op,
     insert_reshape,
-    left_high_rank,
+    rewrite_each,
     static_shape,
     user_kept_out,
 )
 from xnnguard.passes.pass_result import ReportedPassResult
-from xnnguard.report import KeptOut
 
 __all__ = ["ReduceRankCatPass"]
 
@@ -43,17 +42,7 @@ class ReduceRankCatPass(PassBase):
         return node.op == "call_function" and node.target in _CATS and high_rank(node) and not user_kept_out(node)
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        report: list[KeptOut] = []
-        modified = False
-        for node in list(graph_module.graph.nodes):
-            if not self.picks(node):
-                continue
-            reason = self._rewrite(graph_module.graph, node)
-            if reason is None:
-                modified = True
-            else:
-                report.append(left_high_rank(node, reason))
-                logger.info("%s", report[-1])
+        modified, report = rewrite_each(graph_module, self.picks, self._rewrite)
         if modified:
             graph_module.graph.eliminate_dead_code()
             graph_module.graph.lint()

@@ -20,10 +20,9 @@ import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.dim_groups import permute_steps
-from xnnguard.passes.high_rank_nodes import insert_op, insert_reshape, left_high_rank, static_shape, user_kept_out
+from xnnguard.passes.high_rank_nodes import insert_op, insert_reshape, rewrite_each, static_shape, user_kept_out
 from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
-from xnnguard.report import KeptOut
 
 __all__ = ["ReduceRankPermutePass", "permutation_of"]
 
@@ -61,17 +60,7 @@ class ReduceRankPermutePass(PassBase):
         return perm is not None and exceeds_rank_limit(len(perm)) and not user_kept_out(node)
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        report: list[KeptOut] = []
-        modified = False
-        for node in list(graph_module.graph.nodes):
-            if not self.picks(node):
-                continue
-            reason = self._rewrite(graph_module.graph, node)
-            if reason is None:
-                modified = True
-            else:
-                report.append(left_high_rank(node, reason))
-                logger.info("%s", report[-1])
+        modified, report = rewrite_each(graph_module, self.picks, self._rewrite)
         if modified:
             graph_module.graph.eliminate_dead_code()
             graph_module.graph.lint()
