@@ -1,15 +1,19 @@
 """XNNPACK takes tensors of at most ``XNN_MAX_TENSOR_DIMS`` (6) dims.
 
 This module is the one place that rule lives: the tag pass, the partitioner and the verifier all ask it.
-The limit is ExecuTorch's own constant, so a release that raises it raises ours.
+The limit is ExecuTorch's own constant, so a release that raises it raises ours. torch is imported only
+by the functions that look at graph nodes, so the verifier can ask this module without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import torch
-from executorch.backends.xnnpack.utils.xnnpack_constants import XNN_MAX_TENSOR_DIMS
+from xnnguard.xnnpack_constants import XNN_MAX_TENSOR_DIMS
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["XNN_MAX_TENSOR_DIMS", "exceeds_rank_limit", "rank_violation"]
 
@@ -21,6 +25,8 @@ def exceeds_rank_limit(num_dims: int) -> bool:
 
 def _tensor_ranks(value: object) -> Iterator[int]:
     """Ranks of every tensor in a node's ``meta["val"]`` (a tensor, or a tuple/list of them)."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         yield value.dim()
     elif isinstance(value, (tuple, list)):

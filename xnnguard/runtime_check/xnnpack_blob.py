@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from functools import cache
 
-from executorch.backends.xnnpack.utils.xnnpack_constants import (
+from xnnguard.xnnpack_constants import (
     XNN_INVALID_VALUE_ID,  # "no value" in an id field: a missing bias, an unused concatenation input
     XNN_VALUE_FLAG_EXTERNAL_INPUT,
     XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
