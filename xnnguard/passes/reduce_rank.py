@@ -3,7 +3,8 @@
 Invariant established: a node with a tensor above ``XNN_MAX_TENSOR_DIMS`` dims is left only where it
 cannot be helped, and each such node is reported with the reason (the graph's own input or output has
 that rank, an intermediate high-rank tensor is also a graph output, an op no pass reduces, a dynamic
-shape). Everything else is ops within the limit that XNNPACK delegates, with the same results.
+shape). Everything else is ops within the limit that XNNPACK delegates, with the same results. What is left
+is tagged ``DO_NOT_DELEGATE`` (in ``meta`` and in ``meta["custom"]``, which survives re-export).
 
 The op passes each rewrite one op in place, ending in reshapes back to its high-rank shape;
 ``FuseHighRankViewsPass`` runs last and folds those reshapes into their neighbours, so the order of the
@@ -64,17 +65,23 @@ class ReduceRankPass(PassBase):
             graph_module = result.graph_module
             modified |= result.modified
             report.extend(getattr(result, "report", ()))
+        nodes = {node.name: node for node in graph_module.graph.nodes}
+        report = [record for record in report if record.node in nodes]
         reported = {record.node for record in report}
-        report = [record for record in report if _still_in(graph_module, record.node)]
         for node in graph_module.graph.nodes:
             if node.op == "call_function" and node.name not in reported and high_rank(node):
                 report.append(left_high_rank(node, _why_left(node)))
                 logger.info("%s", report[-1])
+        for record in report:
+            _tag_left(nodes[record.node], record.reason)
         return ReportedPassResult(graph_module, modified, report)
 
 
-def _still_in(graph_module: torch.fx.GraphModule, name: str) -> bool:
-    return any(node.name == name for node in graph_module.graph.nodes)
+def _tag_left(node: torch.fx.Node, reason: str) -> None:
+    """Tag a node left above the limit, also in ``meta["custom"]``, which ``torch.export`` carries over
+    when the module is exported again (node names are not: they are renumbered)."""
+    node.meta.setdefault(DO_NOT_DELEGATE, reason)
+    node.meta.setdefault("custom", {}).setdefault(DO_NOT_DELEGATE, reason)
 
 
 def _why_left(node: torch.fx.Node) -> str:
