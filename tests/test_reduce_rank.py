@@ -15,7 +15,7 @@ from xnnguard.example_models import HighRankLinear, Patchify
 from xnnguard.passes.dim_groups import merge_permutation, permute_steps
 from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
 from xnnguard.passes.reduce_rank import ReduceRankPass
-from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter, default_rewrites
+from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter, rewrite_for_xnnpack
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit, rank_violation
 from xnnguard.report import Rule
 
@@ -376,11 +376,11 @@ class VideoWindows(torch.nn.Module):
         return self.linear(torch.relu(windows.reshape(-1, 32, c)))
 
 
-def test_after_the_other_rewrites_a_video_model_runs_fully_delegated() -> None:
+def test_rewrite_for_xnnpack_runs_a_video_model_fully_delegated() -> None:
     """ReduceRankPass at the end of ``rewrite_for_xnnpack``'s list: the 3-D conv and the 8-D window both go."""
     torch.manual_seed(0)
     model, x = VideoWindows().eval(), torch.randn(1, 3, 8, 32, 32)
-    ep = XnnpackRewriter([*default_rewrites(), ReduceRankPass()])(torch.export.export(model, (x,)))
+    ep = rewrite_for_xnnpack(torch.export.export(model, (x,)))
     lowered = lower(ep, (x,), xnnguard.XnnpackPartitioner())
     assert lowered.outside_ops() == {}
     torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], model(x), atol=1e-5, rtol=0)
