@@ -12,11 +12,10 @@ import logging
 import operator
 
 import torch
-from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.conv3d import ConvKind, conv3d_kind
-from xnnguard.passes.pass_result import ReportedPassResult
-from xnnguard.passes.splice import attribute_tensor, drop_unused_attributes
+from xnnguard.passes.node_rewrite import NodeRewritePass
+from xnnguard.passes.splice import attribute_tensor
 
 __all__ = ["FoldBatchNorm3dPass"]
 
@@ -40,11 +39,10 @@ def _output_node(batch_norm: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
-class FoldBatchNorm3dPass(PassBase):
+class FoldBatchNorm3dPass(NodeRewritePass):
     """Folds ``conv3d -> batch_norm (eval)`` into one 3-D convolution with a new weight and bias."""
 
-    @staticmethod
-    def picks(node: torch.fx.Node) -> bool:
+    def picks(self, node: torch.fx.Node) -> bool:
         spec = _BATCH_NORMS.get(node.target) if node.op == "call_function" else None  # type: ignore[call-overload]
         if spec is None:
             return False
@@ -59,17 +57,9 @@ class FoldBatchNorm3dPass(PassBase):
             and _output_node(node) is not None
         )
 
-    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        modified = False
-        for node in list(graph_module.graph.nodes):
-            if self.picks(node) and self._fold(graph_module, node):
-                modified = True
-        if modified:
-            graph_module.graph.eliminate_dead_code()
-            drop_unused_attributes(graph_module)
-            graph_module.graph.lint()
-            graph_module.recompile()
-        return ReportedPassResult(graph_module, modified)
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        # Optional: a batch norm left unfolded is run on a 4-D view by RewriteBatchNorm3dPass instead.
+        return None if self._fold(graph_module, node) else "its statistics or the conv's weights are not constants"
 
     @staticmethod
     def _fold(graph_module: torch.fx.GraphModule, batch_norm: torch.fx.Node) -> bool:

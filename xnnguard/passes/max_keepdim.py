@@ -12,18 +12,15 @@ partitioner to keep out of XNNPACK.
 
 from __future__ import annotations
 
-import logging
 import operator
 
 import torch
-from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from xnnguard.max_reduction import is_max_dim, max_dim_arguments, max_over_height_or_width, max_reduction_violation
+from xnnguard.passes.node_rewrite import NodeRewritePass
 from xnnguard.passes.traced_call import call_like
 
 __all__ = ["MaxKeepdimPass"]
-
-logger = logging.getLogger("xnnguard")
 
 
 def _values_only(node: torch.fx.Node) -> list[torch.fx.Node] | None:
@@ -53,36 +50,31 @@ def _rewritable(node: torch.fx.Node) -> bool:
     return _static_shape(value) is not None and max_over_height_or_width(value.dim(), dim) is not None
 
 
-class MaxKeepdimPass(PassBase):
+class MaxKeepdimPass(NodeRewritePass):
     """Rewrites ``max(x, dim)[0]`` over H or W of a 4-D tensor into ``view(max(x, 2|3, keepdim=True)[0])``."""
+
+    subject = "max over a dim"
 
     @staticmethod
     def applies_to(graph_module: torch.fx.GraphModule) -> bool:
         """True when the graph has a max the pass rewrites."""
         return any(_rewritable(node) for node in graph_module.graph.nodes)
 
-    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
-        graph = graph_module.graph
-        rewritten = 0
-        for node in list(graph.nodes):
-            if not _rewritable(node):
-                continue
-            source, dim, _ = max_dim_arguments(node)
-            pooled = max_over_height_or_width(source.meta["val"].dim(), dim)
-            values_shape = _static_shape(node.meta["val"][0])
-            with graph.inserting_before(node):
-                kept = call_like(graph, node, torch.ops.aten.max.dim, (source, pooled, True))
-                result = call_like(graph, node, operator.getitem, (kept, 0))
-                if list(result.meta["val"].shape) != values_shape:  # keepdim was False
-                    result = call_like(graph, node, torch.ops.aten.view.default, (result, values_shape))
-            for getitem in list(node.users):
-                getitem.replace_all_uses_with(result)
-                graph.erase_node(getitem)
-            graph.erase_node(node)
-            rewritten += 1
-        if rewritten:
-            graph.lint()
-            graph_module.recompile()
-            logger.info("xnnguard: %d max over a dim rewritten to keep the dim for XNNPACK", rewritten)
-        return PassResult(graph_module, bool(rewritten))
+    def picks(self, node: torch.fx.Node) -> bool:
+        return _rewritable(node)
 
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        graph = graph_module.graph
+        source, dim, _ = max_dim_arguments(node)
+        pooled = max_over_height_or_width(source.meta["val"].dim(), dim)
+        values_shape = _static_shape(node.meta["val"][0])
+        with graph.inserting_before(node):
+            kept = call_like(graph, node, torch.ops.aten.max.dim, (source, pooled, True))
+            result = call_like(graph, node, operator.getitem, (kept, 0))
+            if list(result.meta["val"].shape) != values_shape:  # keepdim was False
+                result = call_like(graph, node, torch.ops.aten.view.default, (result, values_shape))
+        for getitem in list(node.users):
+            getitem.replace_all_uses_with(result)
+            graph.erase_node(getitem)
+        graph.erase_node(node)
+        return None

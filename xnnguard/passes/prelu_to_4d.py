@@ -13,18 +13,15 @@ Postcondition: no PReLU on a statically shaped input of rank 2, 3 or above 4 is 
 
 from __future__ import annotations
 
-import logging
 import math
 
 import torch
-from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
+from xnnguard.passes.node_rewrite import NodeRewritePass
 from xnnguard.passes.traced_call import call_like
 from xnnguard.prelu_rank import PRELU_RANK, is_prelu, prelu_rank_violation
 
 __all__ = ["PReLUTo4dPass", "folded_shape"]
-
-logger = logging.getLogger("xnnguard")
 
 
 def folded_shape(shape: list[int]) -> list[int]:
@@ -49,32 +46,28 @@ def _foldable(node: torch.fx.Node) -> bool:
     return shape is not None and len(shape) >= 2
 
 
-class PReLUTo4dPass(PassBase):
+class PReLUTo4dPass(NodeRewritePass):
     """Rewrites ``prelu(x, w)`` on a non-4-D ``x`` into ``view(prelu(view(x, 4-D), w), x.shape)``."""
+
+    subject = "PReLU"
 
     @staticmethod
     def applies_to(graph_module: torch.fx.GraphModule) -> bool:
         """True when the graph has a PReLU the pass folds."""
         return any(_foldable(node) for node in graph_module.graph.nodes)
 
-    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+    def picks(self, node: torch.fx.Node) -> bool:
+        return _foldable(node)
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         graph = graph_module.graph
-        folded = 0
-        for node in list(graph.nodes):
-            if not _foldable(node):
-                continue
-            source, weight = node.args[0], node.args[1]
-            shape = _static_shape(source)
-            assert shape is not None and len(folded_shape(shape)) == PRELU_RANK
-            with graph.inserting_before(node):
-                flat = call_like(graph, node, torch.ops.aten.view.default, (source, folded_shape(shape)))
-                prelu = call_like(graph, node, node.target, (flat, weight))
-                result = call_like(graph, node, torch.ops.aten.view.default, (prelu, shape))
-            node.replace_all_uses_with(result)
-            graph.erase_node(node)
-            folded += 1
-        if folded:
-            graph.lint()
-            graph_module.recompile()
-            logger.info("xnnguard: %d PReLU folded to 4-D for XNNPACK", folded)
-        return PassResult(graph_module, bool(folded))
+        source, weight = node.args[0], node.args[1]
+        shape = _static_shape(source)
+        assert shape is not None and len(folded_shape(shape)) == PRELU_RANK
+        with graph.inserting_before(node):
+            flat = call_like(graph, node, torch.ops.aten.view.default, (source, folded_shape(shape)))
+            prelu = call_like(graph, node, node.target, (flat, weight))
+            result = call_like(graph, node, torch.ops.aten.view.default, (prelu, shape))
+        node.replace_all_uses_with(result)
+        graph.erase_node(node)
+        return None

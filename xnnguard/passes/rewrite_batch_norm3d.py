@@ -14,9 +14,8 @@ import operator
 
 import torch
 import torch.nn.functional as F
-from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.passes.node_rewrite import NodeRewritePass
 from xnnguard.passes.splice import splice_before
 
 __all__ = ["RewriteBatchNorm3dPass"]
@@ -40,11 +39,10 @@ def _static_5d_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
     return tuple(int(s) for s in value.shape)
 
 
-class RewriteBatchNorm3dPass(PassBase):
+class RewriteBatchNorm3dPass(NodeRewritePass):
     """Replaces ``batch_norm(x5d)`` (eval) by ``batch_norm(x.view(N, C, D*H, W)).view(x.shape)``."""
 
-    @staticmethod
-    def picks(node: torch.fx.Node) -> bool:
+    def picks(self, node: torch.fx.Node) -> bool:
         spec = _BATCH_NORMS.get(node.target) if node.op == "call_function" else None  # type: ignore[call-overload]
         if spec is None:
             return False
@@ -58,17 +56,9 @@ class RewriteBatchNorm3dPass(PassBase):
             return True
         return all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
 
-    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        modified = False
-        for node in list(graph_module.graph.nodes):
-            if self.picks(node):
-                self._rewrite(graph_module, node)
-                modified = True
-        if modified:
-            graph_module.graph.eliminate_dead_code()
-            graph_module.graph.lint()
-            graph_module.recompile()
-        return ReportedPassResult(graph_module, modified)
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        self._rewrite(graph_module, node)
+        return None
 
     @staticmethod
     def _rewrite(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> None:

@@ -29,16 +29,14 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch.fx.operator_schemas import normalize_function
-from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.conv3d import ConvKind, conv3d_kind
 from xnnguard.passes.conv_input_cat import as_cat
-from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
-from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.passes.node_rewrite import NodeRewritePass
 from xnnguard.passes.size_args import triple
-from xnnguard.passes.splice import attribute_tensor, drop_unused_attributes, splice_before
+from xnnguard.passes.splice import attribute_tensor, splice_before
 from xnnguard.passes.strided_select import select_every
-from xnnguard.report import KeptOut, Rule
+from xnnguard.report import Rule
 
 __all__ = ["Conv3dGeometry", "RewriteConv3dPass", "conv2d_constants", "conv3d_as_conv2d", "conv3d_geometry"]
 
@@ -294,43 +292,24 @@ def conv3d_as_conv2d(
     return y.permute(0, 2, 1, 3, 4)
 
 
-class RewriteConv3dPass(PassBase):
+class RewriteConv3dPass(NodeRewritePass):
     """Replaces each 3-D convolution by conv2d/linear ops; what it cannot replace it tags and reports.
 
     Works on an unlifted ATen graph (``ExportedProgram.module()``): weights are ``get_attr`` nodes, and
     the rewritten weights become new attributes. ``depth_taps`` picks the general form (see module doc).
     """
 
+    rule = Rule.CONV3D
+    subject = "3-D convolution"
+
     def __init__(self, depth_taps: DepthTaps = "fold") -> None:
         super().__init__()
         self.depth_taps = depth_taps
 
-    @staticmethod
-    def picks(node: torch.fx.Node) -> bool:
+    def picks(self, node: torch.fx.Node) -> bool:
         return conv3d_kind(node) is ConvKind.CONV3D
 
-    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        report: list[KeptOut] = []
-        modified = False
-        for node in list(graph_module.graph.nodes):
-            if not self.picks(node):
-                continue
-            reason = self._rewrite(graph_module, node)
-            if reason is None:
-                modified = True
-                continue
-            record = KeptOut(node.name, op_name(node), Rule.CONV3D, f"3-D convolution not rewritten: {reason}")
-            node.meta.setdefault(DO_NOT_DELEGATE, record.reason)
-            report.append(record)
-            logger.info("%s", record)
-        if modified:
-            graph_module.graph.eliminate_dead_code()
-            drop_unused_attributes(graph_module)
-            graph_module.graph.lint()
-            graph_module.recompile()
-        return ReportedPassResult(graph_module, modified, report)
-
-    def _rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         geometry = conv3d_geometry(node)
         if isinstance(geometry, str):
             return geometry

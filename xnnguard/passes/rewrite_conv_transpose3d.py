@@ -20,15 +20,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.fx.operator_schemas import normalize_function
-from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.conv3d import ConvKind, conv3d_kind
 from xnnguard.passes.conv_input_cat import as_cat
-from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
-from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.passes.node_rewrite import NodeRewritePass
 from xnnguard.passes.size_args import Triple, triple
-from xnnguard.passes.splice import attribute_tensor, drop_unused_attributes, splice_before
-from xnnguard.report import KeptOut, Rule
+from xnnguard.passes.splice import attribute_tensor, splice_before
+from xnnguard.report import Rule
 
 __all__ = [
     "ConvTranspose3dGeometry",
@@ -143,39 +141,19 @@ def conv_transpose3d_as_2d(
     return y + constants[2] if len(constants) > 2 else y
 
 
-class RewriteConvTranspose3dPass(PassBase):
+class RewriteConvTranspose3dPass(NodeRewritePass):
     """Replaces each 3-D transposed convolution by 2-D ones; what it cannot replace it tags and reports.
 
     Works on an unlifted ATen graph (``ExportedProgram.module()``), like ``RewriteConv3dPass``.
     """
 
-    @staticmethod
-    def picks(node: torch.fx.Node) -> bool:
+    rule = Rule.CONV3D
+    subject = "3-D transposed convolution"
+
+    def picks(self, node: torch.fx.Node) -> bool:
         return conv3d_kind(node) is ConvKind.CONV_TRANSPOSE3D
 
-    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        report: list[KeptOut] = []
-        modified = False
-        for node in list(graph_module.graph.nodes):
-            if not self.picks(node):
-                continue
-            reason = self._rewrite(graph_module, node)
-            if reason is None:
-                modified = True
-                continue
-            record = KeptOut(node.name, op_name(node), Rule.CONV3D, f"3-D transposed convolution not rewritten: {reason}")
-            node.meta.setdefault(DO_NOT_DELEGATE, record.reason)
-            report.append(record)
-            logger.info("%s", record)
-        if modified:
-            graph_module.graph.eliminate_dead_code()
-            drop_unused_attributes(graph_module)
-            graph_module.graph.lint()
-            graph_module.recompile()
-        return ReportedPassResult(graph_module, modified, report)
-
-    @staticmethod
-    def _rewrite(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         geometry = conv_transpose3d_geometry(node)
         if isinstance(geometry, str):
             return geometry

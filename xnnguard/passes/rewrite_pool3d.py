@@ -25,14 +25,12 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch.fx.operator_schemas import normalize_function
-from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
-from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.passes.node_rewrite import NodeRewritePass
 from xnnguard.passes.size_args import Triple, triple
 from xnnguard.passes.splice import splice_before
 from xnnguard.passes.strided_select import select_every
-from xnnguard.report import KeptOut, Rule
+from xnnguard.report import Rule
 
 __all__ = ["Pool3d", "RewritePool3dPass", "pool3d", "pool3d_as_2d", "pool3d_correction"]
 
@@ -213,39 +211,27 @@ def pool3d_correction(pool: Pool3d) -> torch.Tensor | float | None:
     return ratio.to(torch.float32)
 
 
-class RewritePool3dPass(PassBase):
+class RewritePool3dPass(NodeRewritePass):
     """Replaces each 3-D max/avg pooling by 2-D poolings; what it cannot replace it tags and reports.
 
     Works on any ATen graph (it needs no weights); the correction map of an average pooling becomes an
     attribute of the graph module.
     """
 
-    @staticmethod
-    def picks(node: torch.fx.Node) -> bool:
+    rule = Rule.NOT_REWRITTEN
+    subject = "3-D pooling"
+
+    def picks(self, node: torch.fx.Node) -> bool:
         return pool3d(node) is not None
 
-    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        report: list[KeptOut] = []
-        modified = False
-        for node in list(graph_module.graph.nodes):
-            pool = pool3d(node)
-            if pool is None:
-                continue
-            reason = pool if isinstance(pool, str) else pool.why_not()
-            if reason is None:
-                assert isinstance(pool, Pool3d)
-                self._rewrite(graph_module, node, pool)
-                modified = True
-                continue
-            record = KeptOut(node.name, op_name(node), Rule.NOT_REWRITTEN, f"3-D pooling not rewritten: {reason}")
-            node.meta.setdefault(DO_NOT_DELEGATE, record.reason)
-            report.append(record)
-            logger.info("%s", record)
-        if modified:
-            graph_module.graph.eliminate_dead_code()
-            graph_module.graph.lint()
-            graph_module.recompile()
-        return ReportedPassResult(graph_module, modified, report)
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        pool = pool3d(node)
+        reason = pool if isinstance(pool, str) else pool.why_not() if pool is not None else "not a 3-D pooling"
+        if reason is not None:
+            return reason
+        assert isinstance(pool, Pool3d)
+        self._rewrite(graph_module, node, pool)
+        return None
 
     @staticmethod
     def _rewrite(graph_module: torch.fx.GraphModule, node: torch.fx.Node, pool: Pool3d) -> None:

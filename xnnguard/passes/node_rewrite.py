@@ -1,0 +1,61 @@
+"""``NodeRewritePass``: the shape every xnnguard rewrite shares — pick nodes, rewrite each or say why not.
+
+A subclass states which nodes it looks at (``picks``) and rewrites one (``rewrite``: None when done, else
+one sentence saying why it was left as it was). The base class does the rest the same way for all:
+a node left as it was is tagged ``DO_NOT_DELEGATE`` and reported under the subclass's ``rule`` (unless
+the rewrite is optional, ``rule = None``), and a modified graph is cleaned (dead code, attributes no
+node reads any more), linted and recompiled.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import ClassVar
+
+import torch
+from torch.fx.passes.infra.pass_base import PassBase
+
+from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
+from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.passes.splice import drop_unused_attributes
+from xnnguard.report import KeptOut, Rule
+
+__all__ = ["NodeRewritePass"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+
+class NodeRewritePass(PassBase):
+    """Rewrites every node ``picks`` chooses; reports (and tags) the ones it has to leave as they were."""
+
+    rule: ClassVar[Rule | None] = None  # None: leaving a node as it was is fine and goes unreported
+    subject: ClassVar[str] = "node"  # what a report names: "3-D convolution not rewritten: <reason>"
+
+    def picks(self, node: torch.fx.Node) -> bool:
+        raise NotImplementedError
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        """Replace ``node`` in ``graph_module``; return None when done, else why it was left as it was."""
+        raise NotImplementedError
+
+    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
+        report: list[KeptOut] = []
+        rewritten = 0
+        for node in list(graph_module.graph.nodes):
+            if not self.picks(node):
+                continue
+            reason = self.rewrite(graph_module, node)
+            if reason is None:
+                rewritten += 1
+            elif self.rule is not None:
+                record = KeptOut(node.name, op_name(node), self.rule, f"{self.subject} not rewritten: {reason}")
+                node.meta.setdefault(DO_NOT_DELEGATE, record.reason)
+                report.append(record)
+                logger.info("%s", record)
+        if rewritten:
+            graph_module.graph.eliminate_dead_code()
+            drop_unused_attributes(graph_module)
+            graph_module.graph.lint()
+            graph_module.recompile()
+            logger.debug("%s: %d %s rewritten", type(self).__name__, rewritten, self.subject)
+        return ReportedPassResult(graph_module, bool(rewritten), report)
