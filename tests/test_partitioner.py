@@ -80,9 +80,10 @@ def test_a_7d_permute_stays_outside_xnnpack_and_runs() -> None:
     assert lowered.delegated_ops() == {}
 
 
-def test_patchify_runs_with_its_8d_permute_outside_and_its_3d_multiply_delegated() -> None:
+@pytest.mark.parametrize("via_to_backend", [False, True], ids=["transform_and_lower", "to_backend"])
+def test_patchify_runs_with_its_8d_permute_outside_and_its_3d_multiply_delegated(via_to_backend: bool) -> None:
     model = Patchify()
-    lowered = _lower_and_compare(model, model.example_inputs())
+    lowered = _lower_and_compare(model, model.example_inputs(), via_to_backend=via_to_backend)
     assert lowered.outside_ops()["permute_copy"] == 1
     assert lowered.delegated_ops()["mul"] == 1
 
@@ -136,11 +137,12 @@ def test_a_relu_after_a_linear_is_fused_when_it_fits_in_6_dims() -> None:
     assert lowered.delegated_ops()["relu"] == 1
 
 
+@pytest.mark.parametrize("via_to_backend", [False, True], ids=["transform_and_lower", "to_backend"])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static_int8", "dynamic_int8"])
-def test_a_quantized_linear_on_an_8d_input_runs_outside_xnnpack_correctly(dynamic: bool) -> None:
+def test_a_quantized_linear_on_an_8d_input_runs_outside_xnnpack_correctly(dynamic: bool, via_to_backend: bool) -> None:
     model, inputs = HighRankLinear(), HighRankLinear.example_inputs()
     converted = quantize_pt2e(model, inputs, xnnpack_quantizer(per_channel=True, dynamic=dynamic))
-    lowered = _lower_quantized_and_compare(converted, inputs)
+    lowered = _lower_quantized_and_compare(converted, inputs, via_to_backend=via_to_backend)
     assert lowered.outside_ops()["addmm"] == 1
     assert "addmm" not in lowered.delegated_ops()
 
