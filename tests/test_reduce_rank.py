@@ -465,6 +465,16 @@ def test_a_permute_tagged_do_not_delegate_is_left_as_it_is() -> None:
     assert any(r.node == permute.name and "kept out by its owner" in r.reason for r in result.report)
 
 
+def test_on_an_edge_program_nothing_changes_and_every_high_rank_op_is_reported() -> None:
+    """The passes rewrite ATen programs; on the edge dialect they say so instead of failing."""
+    from executorch.exir import to_edge
+
+    edge = to_edge(torch.export.export(Patchify(), Patchify.example_inputs()))
+    result = ReduceRankPass()(edge.exported_program().graph_module)
+    assert not result.modified and result.report
+    assert all("edge-dialect" in record.reason for record in result.report)
+
+
 def test_a_graph_without_high_rank_ops_is_left_unchanged() -> None:
     ep = torch.export.export(ReshapePermute((2, 3, 4, 5), (0, 2, 1, 3)), (torch.randn(2, 60),))
     result = ReduceRankPass()(ep.graph_module)

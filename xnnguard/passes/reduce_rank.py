@@ -17,6 +17,7 @@ import logging
 from collections.abc import Sequence
 
 import torch
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.flatten_high_rank_linear import FlattenHighRankLinearPass
@@ -94,6 +95,8 @@ def _why_left(node: torch.fx.Node) -> str:
         return f"{violation}: the graph's own input has that rank"
     if high_rank_output(node) and any(user.op == "output" for user in node.users):
         return f"{violation}: the tensor is a graph output"
+    if isinstance(node.target, EdgeOpOverload):
+        return f"{violation}: an edge-dialect op; run ReduceRankPass on the ATen program (rewrite_for_xnnpack)"
     if node.target not in VIEW_OPS:
         return f"{violation}: no rank-reduction rewrite for this op (or its dims do not merge far enough)"
     others = sorted({str(user.target) for user in node.users if user.op == "call_function"})
