@@ -475,6 +475,29 @@ def test_on_an_edge_program_nothing_changes_and_every_high_rank_op_is_reported()
     assert all("edge-dialect" in record.reason for record in result.report)
 
 
+def test_a_rewrite_that_fails_midway_leaves_the_node_as_it_was_and_reports_it() -> None:
+    """A rewrite that raises after inserting nodes: they are erased, the node stays, the failure is reported."""
+    from xnnguard.passes.high_rank_nodes import rewrite_each
+
+    model = ReshapePermute((2, 2, 2, 2, 2, 2, 2, 3), (0, 7, 6, 5, 4, 3, 2, 1))
+    ep = torch.export.export(model, (torch.randn(2, 192),))
+    graph = ep.graph_module.graph
+    before = [n.format_node() for n in graph.nodes]
+
+    def fails_after_inserting(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
+        with graph.inserting_before(node):
+            graph.call_function(torch.ops.aten.reshape.default, (node.args[0], [-1]))
+        raise RuntimeError("no fake kernel")
+
+    def is_permute(node: torch.fx.Node) -> bool:
+        return node.target == torch.ops.aten.permute.default
+
+    modified, report = rewrite_each(ep.graph_module, is_permute, fails_after_inserting)
+    assert not modified and [n.format_node() for n in graph.nodes] == before
+    (record,) = report
+    assert "the rewrite failed (RuntimeError: no fake kernel)" in record.reason
+
+
 def test_a_graph_without_high_rank_ops_is_left_unchanged() -> None:
     ep = torch.export.export(ReshapePermute((2, 3, 4, 5), (0, 2, 1, 3)), (torch.randn(2, 60),))
     result = ReduceRankPass()(ep.graph_module)

@@ -43,7 +43,8 @@ class FuseHighRankViewsPass(PassBase):
             return False
         source = node.args[0]
         shape = static_shape(source)
-        return _is_view(source) and shape is not None and exceeds_rank_limit(len(shape)) and not user_kept_out(source)
+        high_rank_view = _is_view(source) and shape is not None and exceeds_rank_limit(len(shape))
+        return high_rank_view and not user_kept_out(source)  # type: ignore[arg-type]
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
         graph = graph_module.graph

@@ -19,7 +19,6 @@ from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 from xnnguard.report import KeptOut, Rule
 
 __all__ = [
-    "INSERTED_RESHAPE",
     "VIEW_OPS",
     "high_rank",
     "insert_op",
@@ -51,11 +50,6 @@ VIEW_OPS = {
     _aten.squeeze_copy.dims,
     _aten.unsqueeze_copy.default,
 }
-
-# Marks the reshapes the rank-reduction passes insert: only those may be dropped when they turn out
-# to be identities, so a pass never touches reshapes the user wrote.
-INSERTED_RESHAPE = "xnnguard_rank_reshape"
-
 
 def static_shape(value: object) -> tuple[int, ...] | None:
     """The static shape of a node's (single tensor) value, or None if unknown or dynamic."""
@@ -98,9 +92,10 @@ def insert_op(
     still find the new node.
     """
     kwargs = dict(kwargs or {})
-    node = graph.call_function(target, tuple(args), kwargs)  # type: ignore[arg-type]
     fake_args = pytree.tree_map_only(torch.fx.Node, _value, (tuple(args), kwargs))
-    node.meta["val"] = target(*fake_args[0], **fake_args[1])  # type: ignore[operator]
+    value = target(*fake_args[0], **fake_args[1])  # type: ignore[operator]
+    node = graph.call_function(target, tuple(args), kwargs)  # type: ignore[arg-type]
+    node.meta["val"] = value
     if like is not None:
         for key in ("nn_module_stack", "stack_trace", "source_fn_stack"):
             if key in like.meta:
@@ -111,16 +106,14 @@ def insert_op(
 def insert_reshape(
     graph: torch.fx.Graph, x: torch.fx.Node, shape: Sequence[int], like: torch.fx.Node | None = None
 ) -> torch.fx.Node:
-    """Insert ``aten.reshape(x, shape)`` (marked as inserted), or return ``x`` if it already has ``shape``.
+    """Insert ``aten.reshape(x, shape)``, or return ``x`` if it already has ``shape``.
 
     ``reshape``, not ``view``: its input may be a permuted (non-contiguous) tensor when the graph runs
     eagerly, as it does under pt2e calibration.
     """
     if static_shape(x) == tuple(shape):
         return x
-    node = insert_op(graph, _aten.reshape.default, (x, list(shape)), like=like)
-    node.meta[INSERTED_RESHAPE] = True
-    return node
+    return insert_op(graph, _aten.reshape.default, (x, list(shape)), like=like)
 
 
 def left_high_rank(node: torch.fx.Node, reason: str) -> KeptOut:
@@ -137,18 +130,23 @@ def rewrite_each(
 
     ``rewrite`` returns None when it replaced the node, or the reason it did not. It inserts its nodes
     first and redirects the node's users last, so when it fails midway (an op whose fake value cannot
-    be computed, say) only unused nodes are left for dead-code elimination: the node stays as it was
-    and is reported, never a traceback.
+    be computed, say) the nodes it inserted are unused: they are erased, the node stays as it was and
+    is reported, never a traceback.
     """
+    graph = graph_module.graph
     modified = False
     report: list[KeptOut] = []
-    for node in list(graph_module.graph.nodes):
+    for node in list(graph.nodes):
         if not picks(node):
             continue
+        before = set(graph.nodes)
         try:
-            reason = rewrite(graph_module.graph, node)
+            reason = rewrite(graph, node)
         except Exception as error:  # noqa: BLE001 - any failure leaves the node as it was, reported
             reason = f"the rewrite failed ({type(error).__name__}: {error})"
+            for inserted in reversed([n for n in graph.nodes if n not in before]):
+                if not inserted.users:
+                    graph.erase_node(inserted)
         if reason is None:
             modified = True
             continue

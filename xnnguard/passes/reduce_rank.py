@@ -3,8 +3,8 @@
 Invariant established: a node with a tensor above ``XNN_MAX_TENSOR_DIMS`` dims is left only where it
 cannot be helped, and each such node is reported with the reason (the graph's own input or output has
 that rank, an intermediate high-rank tensor is also a graph output, an op no pass reduces, a dynamic
-shape). Everything else is ops within the limit that XNNPACK delegates, with the same results. What is left
-is tagged ``DO_NOT_DELEGATE`` (in ``meta`` and in ``meta["custom"]``, which survives re-export).
+shape). Everything else is ops within the limit that XNNPACK delegates, with the same results. What
+is left is tagged ``DO_NOT_DELEGATE`` (in ``meta`` and in ``meta["custom"]``, which survives re-export).
 
 The op passes each rewrite one op in place, ending in reshapes back to its high-rank shape;
 ``FuseHighRankViewsPass`` runs last and folds those reshapes into their neighbours, so the order of the
@@ -20,9 +20,9 @@ import torch
 from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from torch.fx.passes.infra.pass_base import PassBase
 
+from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE
 from xnnguard.passes.flatten_high_rank_linear import FlattenHighRankLinearPass
 from xnnguard.passes.fuse_high_rank_views import FuseHighRankViewsPass
-from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE
 from xnnguard.passes.high_rank_nodes import VIEW_OPS, high_rank, left_high_rank, user_kept_out
 from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.passes.reduce_rank_cat import ReduceRankCatPass
@@ -90,10 +90,10 @@ def _why_left(node: torch.fx.Node) -> str:
     violation = rank_violation(node) or "a high-rank tensor"
     if user_kept_out(node):
         return f"{violation}: tagged do-not-delegate ({node.meta[DO_NOT_DELEGATE]}), so left as it is"
-    high_inputs = [arg for arg in node.all_input_nodes if high_rank_output(arg)]
+    high_inputs = [arg for arg in node.all_input_nodes if _high_rank_output(arg)]
     if any(arg.op == "placeholder" for arg in high_inputs):
         return f"{violation}: the graph's own input has that rank"
-    if high_rank_output(node) and any(user.op == "output" for user in node.users):
+    if _high_rank_output(node) and any(user.op == "output" for user in node.users):
         return f"{violation}: the tensor is a graph output"
     if isinstance(node.target, EdgeOpOverload):
         return f"{violation}: an edge-dialect op; run ReduceRankPass on the ATen program (rewrite_for_xnnpack)"
@@ -103,6 +103,7 @@ def _why_left(node: torch.fx.Node) -> str:
     return f"{violation}: its tensor is also read by {', '.join(others) or 'a node'} that keeps the rank"
 
 
-def high_rank_output(node: torch.fx.Node) -> bool:
+def _high_rank_output(node: torch.fx.Node) -> bool:
+    """True when ``node``'s own tensor (not an input) is above the limit."""
     value = node.meta.get("val")
     return isinstance(value, torch.Tensor) and exceeds_rank_limit(value.dim())
