@@ -88,6 +88,8 @@ class HighRankReductions(torch.nn.Module):
             z = y.amax(dim=(0, 1, 2, 3, 4, 5, 6, 7))
         elif self.op == "cat":
             z = torch.cat([y, y * 2, y[:, :, :, :1] - 1], dim=3)
+        elif self.op == "layer norm over the trailing dims":
+            z = torch.nn.functional.layer_norm(y, (2, 4), torch.linspace(0.5, 2, 8).reshape(2, 4))
         else:
             raise ValueError(self.op)
         return z.reshape(2, -1) if z.dim() else z
@@ -98,7 +100,7 @@ class HighRankReductions(torch.nn.Module):
 
 
 REDUCTIONS = ["softmax over the last dim", "softmax over a middle dim", "mean over the trailing dims",
-              "sum over adjacent middle dims", "amax over all dims", "cat"]
+              "sum over adjacent middle dims", "amax over all dims", "cat", "layer norm over the trailing dims"]
 
 
 def reduce_rank(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.export.ExportedProgram:

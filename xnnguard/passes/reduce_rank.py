@@ -27,6 +27,7 @@ from xnnguard.passes.high_rank_nodes import VIEW_OPS, high_rank, left_high_rank,
 from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.passes.reduce_rank_cat import ReduceRankCatPass
 from xnnguard.passes.reduce_rank_elementwise import ReduceRankElementwisePass
+from xnnguard.passes.reduce_rank_layer_norm import ReduceRankLayerNormPass
 from xnnguard.passes.reduce_rank_permute import ReduceRankPermutePass
 from xnnguard.passes.reduce_rank_reduction import ReduceRankReductionPass
 from xnnguard.passes.reduce_rank_slice import ReduceRankSlicePass
@@ -44,6 +45,7 @@ def rank_reduction_passes() -> list[PassBase]:
         ReduceRankPermutePass(),
         ReduceRankElementwisePass(),
         ReduceRankReductionPass(),
+        ReduceRankLayerNormPass(),
         ReduceRankCatPass(),
         ReduceRankSlicePass(),
         FlattenHighRankLinearPass(),
