@@ -245,6 +245,21 @@ def test_rewritten_broadcasting_elementwise_ops_equal_eager_with_no_tensor_above
     assert torch.equal(ep.module()(*inputs), model(*inputs))
 
 
+class CastCompareWhere(torch.nn.Module):
+    """A comparison with broadcasting, a dtype cast (export adds a dtype assertion) and a where, all 8-D."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a, b = x.reshape(2, 3, 2, 2, 3, 2, 2, 4), y.reshape(1, 3, 1, 1, 3, 2, 1, 4)
+        return torch.where(a > b, a.to(torch.float64), torch.erf(b).double().reciprocal()).reshape(2, -1)
+
+
+def test_rewritten_casts_comparisons_and_where_equal_eager_with_no_tensor_above_the_limit() -> None:
+    model, inputs = CastCompareWhere(), (torch.randn(2, 576), torch.randn(72))
+    ep = reduce_rank(model, inputs)
+    assert_every_tensor_within_the_limit(ep.graph)
+    assert torch.equal(ep.module()(*inputs), model(*inputs))
+
+
 @pytest.mark.parametrize("op", REDUCTIONS)
 def test_rewritten_softmax_reduction_or_cat_equals_eager_with_no_tensor_above_the_limit(op: str) -> None:
     model, inputs = HighRankReductions(op), HighRankReductions.example_inputs()

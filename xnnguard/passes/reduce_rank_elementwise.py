@@ -45,6 +45,9 @@ ELEMENTWISE_OPS = {
     _aten.rsqrt.default, _aten.square.default, _aten.floor.default, _aten.ceil.default, _aten.round.default,
     _aten.clamp.default, _aten.hardtanh.default, _aten.hardswish.default, _aten.hardsigmoid.default,
     _aten.silu.default, _aten.leaky_relu.default, _aten.elu.default, _aten.clone.default,
+    _aten.reciprocal.default, _aten.erf.default, _aten._to_copy.default, _aten.to.dtype,
+    _aten.eq.Tensor, _aten.eq.Scalar, _aten.ne.Tensor, _aten.ne.Scalar, _aten.lt.Tensor, _aten.lt.Scalar,
+    _aten.gt.Tensor, _aten.gt.Scalar, _aten.le.Tensor, _aten.le.Scalar, _aten.ge.Tensor, _aten.ge.Scalar,
 }
 
 
