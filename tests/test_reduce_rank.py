@@ -345,6 +345,26 @@ def test_broadcasting_add_lowers_fully_to_xnnpack() -> None:
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
+@pytest.mark.parametrize("precision", ["static int8", "dynamic int8"])
+def test_pt2e_flow_with_xnnguards_quantizer_after_rewrite_for_xnnpack_runs_fully_delegated(precision: str) -> None:
+    """The documented flow: rewrite_for_xnnpack(export(m)) -> prepare_pt2e -> calibrate -> convert -> export -> lower."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    torch.manual_seed(0)
+    model, inputs = SwinWindowPartition().eval(), SwinWindowPartition.example_inputs()
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=precision == "dynamic int8")
+    prepared = prepare_pt2e(rewrite_for_xnnpack(torch.export.export(model, inputs)).module(),
+                            xnnguard.XNNPACKQuantizer().set_global(config))
+    prepared(*inputs)
+    converted = convert_pt2e(prepared)
+    lowered = lower(torch.export.export(converted, inputs), inputs, xnnguard.XnnpackPartitioner())
+    assert lowered.outside_ops() == {}
+    reference = converted(*inputs).detach()
+    (out,) = run_pte(lowered.buffer, inputs)
+    torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference) + 1e-6, rtol=0)
+
+
 def torchao_quantized_high_rank_linear(weight: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """An 8-D linear quantized with torchao (dynamic int8 activations per token; int8 per channel or int4 per group)."""
     from torchao.quantization.granularity import PerAxis, PerGroup
