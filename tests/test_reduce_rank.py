@@ -535,6 +535,15 @@ def test_a_rewrite_that_fails_midway_leaves_the_node_as_it_was_and_reports_it() 
     assert "the rewrite failed (RuntimeError: no fake kernel)" in record.reason
 
 
+def test_running_the_pass_twice_changes_nothing_the_second_time() -> None:
+    module = torch.export.export(PatchifyAndReturnedView(), (*Patchify.example_inputs(), torch.randn(2, 192))).module()
+    first = ReduceRankPass()(module)
+    graph = [n.format_node() for n in module.graph.nodes]
+    second = ReduceRankPass()(module)
+    assert first.modified and not second.modified
+    assert second.report == first.report and [n.format_node() for n in module.graph.nodes] == graph
+
+
 def test_a_graph_without_high_rank_ops_is_left_unchanged() -> None:
     ep = torch.export.export(ReshapePermute((2, 3, 4, 5), (0, 2, 1, 3)), (torch.randn(2, 60),))
     result = ReduceRankPass()(ep.graph_module)

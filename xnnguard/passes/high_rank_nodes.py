@@ -19,6 +19,7 @@ from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 from xnnguard.report import KeptOut, Rule
 
 __all__ = [
+    "LEFT_ABOVE_LIMIT",
     "VIEW_OPS",
     "high_rank",
     "insert_op",
@@ -116,9 +117,12 @@ def insert_reshape(
     return insert_op(graph, _aten.reshape.default, (x, list(shape)), like=like)
 
 
+LEFT_ABOVE_LIMIT = f"left above {XNN_MAX_TENSOR_DIMS} dims: "  # how every reason of a left node starts
+
+
 def left_high_rank(node: torch.fx.Node, reason: str) -> KeptOut:
     """The report record of a node left above the rank limit."""
-    return KeptOut(node.name, op_name(node), Rule.HIGH_RANK, f"left above {XNN_MAX_TENSOR_DIMS} dims: {reason}")
+    return KeptOut(node.name, op_name(node), Rule.HIGH_RANK, LEFT_ABOVE_LIMIT + reason)
 
 
 def rewrite_each(

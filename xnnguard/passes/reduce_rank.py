@@ -23,7 +23,7 @@ from torch.fx.passes.infra.pass_base import PassBase
 from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE
 from xnnguard.passes.flatten_high_rank_linear import FlattenHighRankLinearPass
 from xnnguard.passes.fuse_high_rank_views import FuseHighRankViewsPass
-from xnnguard.passes.high_rank_nodes import VIEW_OPS, high_rank, left_high_rank, user_kept_out
+from xnnguard.passes.high_rank_nodes import LEFT_ABOVE_LIMIT, VIEW_OPS, high_rank, left_high_rank, user_kept_out
 from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.passes.reduce_rank_cat import ReduceRankCatPass
 from xnnguard.passes.reduce_rank_elementwise import ReduceRankElementwisePass
@@ -91,7 +91,10 @@ def _why_left(node: torch.fx.Node) -> str:
     """Why ``node`` still has a high-rank tensor after every rank-reduction pass ran."""
     violation = rank_violation(node) or "a high-rank tensor"
     if user_kept_out(node):
-        return f"{violation}: tagged do-not-delegate ({node.meta[DO_NOT_DELEGATE]}), so left as it is"
+        tag = str(node.meta[DO_NOT_DELEGATE])
+        if tag.startswith(LEFT_ABOVE_LIMIT):  # left by an earlier run of this pass: the same reason again
+            return tag[len(LEFT_ABOVE_LIMIT) :]
+        return f"{violation}: tagged do-not-delegate ({tag}), so left as it is"
     high_inputs = [arg for arg in node.all_input_nodes if _high_rank_output(arg)]
     if any(arg.op == "placeholder" for arg in high_inputs):
         return f"{violation}: the graph's own input has that rank"
