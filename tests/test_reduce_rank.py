@@ -268,6 +268,41 @@ def test_rewritten_softmax_reduction_or_cat_equals_eager_with_no_tensor_above_th
     torch.testing.assert_close(ep.module()(*inputs), model(*inputs), atol=1e-6, rtol=1e-6)
 
 
+class OneDimOp(torch.nn.Module):
+    """``op`` along ``dim`` of a high-rank view of a 2-D input: softmax, sum, mean, amax, cat or slice."""
+
+    def __init__(self, shape: Shape, op: str, dim: int) -> None:
+        super().__init__()
+        self.shape, self.op, self.dim = shape, op, dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, dim = x.reshape(self.shape), self.dim
+        if self.op == "softmax":
+            z = torch.softmax(y, dim)
+        elif self.op in ("sum", "mean", "amax"):
+            z = getattr(y, self.op)(dim=(dim, dim + 1) if dim + 1 < len(self.shape) else dim)
+        elif self.op == "cat":
+            z = torch.cat([y, -y], dim)
+        else:
+            z = y.narrow(dim, 1, self.shape[dim] - 1)
+        return z.reshape(-1)
+
+
+@settings(derandomize=True, max_examples=30, deadline=None)
+@given(permutes(max_rank=8), st.sampled_from(["softmax", "sum", "mean", "amax", "cat", "slice"]), st.data())
+def test_rewritten_one_dim_ops_equal_eager_with_no_tensor_above_the_limit(
+    case: tuple[Shape, Shape], op: str, data: st.DataObject
+) -> None:
+    shape = tuple(max(2, size) for size in case[0])  # a slice needs 2 along its dim
+    while math.prod(shape) > 5000:
+        shape = shape[:-1]
+    dim = data.draw(st.integers(0, len(shape) - 1))
+    model, x = OneDimOp(shape, op, dim), torch.randn(shape[0], math.prod(shape[1:]))
+    ep = reduce_rank(model, (x,))
+    assert_every_tensor_within_the_limit(ep.graph)
+    torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("op", ["softmax over the last dim", "mean over the trailing dims", "cat"])
 def test_softmax_mean_and_cat_in_xnnpack_form_lower_fully_and_run(op: str) -> None:
     """Rank is not all: XNNPACK takes softmax over the last dim and mean as 4-D pooling only."""

@@ -1,6 +1,6 @@
 """Run each slice above XNNPACK's rank limit on (before, sliced, after) merged dims.
 
-Invariant established: no ``slice`` with static shapes has a tensor above ``XNN_MAX_TENSOR_DIMS``
+Invariant established: no ``slice`` (or ``narrow``) with static shapes has a tensor above ``XNN_MAX_TENSOR_DIMS``
 dims; it becomes ``reshape(before, size, after)`` -> ``slice`` along dim 1 -> ``reshape`` to the
 original output shape (folded into neighbouring views by ``FuseHighRankViewsPass``).
 
@@ -32,6 +32,7 @@ logger = logging.getLogger("xnnguard.rewrite")
 
 _aten = torch.ops.aten
 _SLICES = {_aten.slice.Tensor, _aten.slice_copy.Tensor}
+_NARROWS = {_aten.narrow.default, _aten.narrow_copy.default}
 
 
 class ReduceRankSlicePass(PassBase):
@@ -39,7 +40,8 @@ class ReduceRankSlicePass(PassBase):
 
     @staticmethod
     def picks(node: torch.fx.Node) -> bool:
-        return node.op == "call_function" and node.target in _SLICES and high_rank(node) and not user_kept_out(node)
+        slices = node.op == "call_function" and (node.target in _SLICES or node.target in _NARROWS)
+        return slices and high_rank(node) and not user_kept_out(node)
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
         modified, report = rewrite_each(graph_module, self.picks, self._rewrite)
@@ -62,12 +64,16 @@ class ReduceRankSlicePass(PassBase):
             return "its bounds are not constants"
         dim = int(dim) % len(shape)  # type: ignore[arg-type]
         before, after = math.prod(shape[:dim]), math.prod(shape[dim + 1 :])
-        start = node.kwargs.get("start", args[2])
-        end = node.kwargs.get("end", args[3])
-        step = node.kwargs.get("step", args[4] if args[4] is not None else 1)
+        if node.target in _NARROWS:  # narrow(dim, start, length) is slice(dim, start, start + length)
+            start = int(args[2]) % shape[dim]  # type: ignore[arg-type]
+            end, step = start + int(args[3]), 1  # type: ignore[arg-type]
+        else:
+            start = node.kwargs.get("start", args[2])
+            end = node.kwargs.get("end", args[3])
+            step = node.kwargs.get("step", args[4] if args[4] is not None else 1)
         with graph.inserting_before(node):
             merged_input = insert_reshape(graph, x, (before, shape[dim], after), like=node)
-            merged = insert_op(graph, node.target, (merged_input, 1, start, end, step), like=node)
+            merged = insert_op(graph, _aten.slice.Tensor, (merged_input, 1, start, end, step), like=node)
             y = insert_reshape(graph, merged, output_shape, like=node)
         node.replace_all_uses_with(y)
         logger.debug("%s: %d-D slice on 3 merged dims", node.name, len(shape))
