@@ -519,7 +519,6 @@ def test_a_left_node_carries_its_tag_through_re_export() -> None:
     assert [tuple(n.meta["val"].shape) for n in tagged] == [(2, 2, 2, 2, 2, 2, 2, 3)]
 
 
-@pytest.mark.xfail(strict=True, reason="XnnpackRewriter._tag matches records to re-exported nodes by name")
 def test_rewrite_for_xnnpack_tags_only_the_node_left_above_the_limit() -> None:
     inputs = (*Patchify.example_inputs(), torch.randn(2, 192))
     ep = XnnpackRewriter([ReduceRankPass()])(torch.export.export(PatchifyAndReturnedView(), inputs))

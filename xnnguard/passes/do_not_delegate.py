@@ -4,6 +4,10 @@
 passes write it; a user may write it on any node (in a transform pass, or on the edge program before
 ``to_backend``) to keep that node out for a reason of their own. ``xnnguard.XnnpackPartitioner``
 never delegates a tagged node.
+
+xnnguard's own passes also mirror the tag into ``node.meta["custom"]``: ``torch.export`` and
+``to_edge`` carry that dict over to the nodes they retrace, while they drop other meta keys and
+renumber node names, so a tag set before ``rewrite_for_xnnpack`` re-exports survives to the partitioner.
 """
 
 from __future__ import annotations
@@ -19,9 +23,22 @@ from xnnguard.prelu_rank import prelu_rank_violation
 from xnnguard.rank_limit import rank_violation
 from xnnguard.report import KeptOut, Rule
 
-__all__ = ["DO_NOT_DELEGATE", "keep_out_reason", "op_name"]
+__all__ = ["DO_NOT_DELEGATE", "keep_out_reason", "op_name", "tag", "tag_of"]
 
 DO_NOT_DELEGATE = "xnnguard_do_not_delegate"
+_CUSTOM = "custom"  # the meta dict torch.export and to_edge carry over when they retrace a node
+
+
+def tag(node: torch.fx.Node, reason: str) -> None:
+    """Tag ``node`` do-not-delegate with ``reason``, unless it already has a tag (a user's is kept)."""
+    reason = tag_of(node) or reason
+    node.meta[DO_NOT_DELEGATE] = reason
+    node.meta.setdefault(_CUSTOM, {})[DO_NOT_DELEGATE] = reason
+
+
+def tag_of(node: torch.fx.Node) -> str | None:
+    """The do-not-delegate reason of ``node`` (set directly, or carried over a re-export), or None."""
+    return node.meta.get(DO_NOT_DELEGATE) or (node.meta.get(_CUSTOM) or {}).get(DO_NOT_DELEGATE) or None
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -52,9 +69,9 @@ def keep_out_reason(node: torch.fx.Node, partition: Collection[torch.fx.Node] | 
     violation = prelu_rank_violation(node)
     if violation is not None:
         return KeptOut(node.name, op_name(node), Rule.PRELU_RANK, violation)
-    tag = node.meta.get(DO_NOT_DELEGATE)
-    if tag:
-        return KeptOut(node.name, op_name(node), Rule.USER_TAG, f"tagged by user: {tag}")
+    reason = tag_of(node)
+    if reason:
+        return KeptOut(node.name, op_name(node), Rule.USER_TAG, f"tagged by user: {reason}")
     if partition is not None:
         violation = passthrough_output_violation(node, partition)
         if violation is not None:
@@ -75,7 +92,7 @@ def tag_nodes(graph_module: torch.fx.GraphModule, rule: Rule) -> tuple[bool, lis
         if record is None or record.rule is not rule:
             continue
         found.append(record)
-        if not node.meta.get(DO_NOT_DELEGATE):
-            node.meta[DO_NOT_DELEGATE] = record.reason
+        if not tag_of(node):
+            tag(node, record.reason)
             modified = True
     return modified, found

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
+from xnnguard.passes.do_not_delegate import op_name, tag_of
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 from xnnguard.report import KeptOut, Rule
 
@@ -73,7 +73,7 @@ def high_rank(node: torch.fx.Node) -> bool:
 def user_kept_out(node: torch.fx.Node) -> bool:
     """True when someone tagged ``node`` ``DO_NOT_DELEGATE``: a rewrite leaves it as it is, since the
     nodes that would replace it carry no tag and XNNPACK would take them."""
-    return bool(node.meta.get(DO_NOT_DELEGATE))
+    return bool(tag_of(node))
 
 
 def _value(arg: object) -> object:

@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
+from xnnguard.passes.do_not_delegate import op_name, tag
 from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.passes.splice import drop_unused_attributes
 from xnnguard.report import KeptOut, Rule
@@ -49,7 +49,7 @@ class NodeRewritePass(PassBase):
                 rewritten += 1
             elif self.rule is not None:
                 record = KeptOut(node.name, op_name(node), self.rule, f"{self.subject} not rewritten: {reason}")
-                node.meta.setdefault(DO_NOT_DELEGATE, record.reason)
+                tag(node, record.reason)
                 report.append(record)
                 logger.info("%s", record)
         if rewritten:

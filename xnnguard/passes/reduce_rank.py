@@ -4,7 +4,7 @@ Invariant established: a node with a tensor above ``XNN_MAX_TENSOR_DIMS`` dims i
 cannot be helped, and each such node is reported with the reason (the graph's own input or output has
 that rank, an intermediate high-rank tensor is also a graph output, an op no pass reduces, a dynamic
 shape). Everything else is ops within the limit that XNNPACK delegates, with the same results. What
-is left is tagged ``DO_NOT_DELEGATE`` (in ``meta`` and in ``meta["custom"]``, which survives re-export).
+is left is tagged ``DO_NOT_DELEGATE`` (``xnnguard.passes.do_not_delegate.tag``: it survives re-export).
 
 The op passes each rewrite one op in place, ending in reshapes back to its high-rank shape;
 ``FuseHighRankViewsPass`` runs last and folds those reshapes into their neighbours, so the order of the
@@ -20,7 +20,7 @@ import torch
 from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE
+from xnnguard.passes.do_not_delegate import tag, tag_of
 from xnnguard.passes.flatten_high_rank_linear import FlattenHighRankLinearPass
 from xnnguard.passes.fuse_high_rank_views import FuseHighRankViewsPass
 from xnnguard.passes.high_rank_nodes import LEFT_ABOVE_LIMIT, VIEW_OPS, high_rank, left_high_rank, user_kept_out
@@ -81,20 +81,18 @@ class ReduceRankPass(PassBase):
 
 
 def _tag_left(node: torch.fx.Node, reason: str) -> None:
-    """Tag a node left above the limit, also in ``meta["custom"]``, which ``torch.export`` carries over
-    when the module is exported again (node names are not: they are renumbered)."""
-    node.meta.setdefault(DO_NOT_DELEGATE, reason)
-    node.meta.setdefault("custom", {}).setdefault(DO_NOT_DELEGATE, reason)
+    """Tag a node left above the limit (the tag survives the re-export of ``rewrite_for_xnnpack``)."""
+    tag(node, reason)
 
 
 def _why_left(node: torch.fx.Node) -> str:
     """Why ``node`` still has a high-rank tensor after every rank-reduction pass ran."""
     violation = rank_violation(node) or "a high-rank tensor"
     if user_kept_out(node):
-        tag = str(node.meta[DO_NOT_DELEGATE])
-        if tag.startswith(LEFT_ABOVE_LIMIT):  # left by an earlier run of this pass: the same reason again
-            return tag[len(LEFT_ABOVE_LIMIT) :]
-        return f"{violation}: tagged do-not-delegate ({tag}), so left as it is"
+        reason = str(tag_of(node))
+        if reason.startswith(LEFT_ABOVE_LIMIT):  # left by an earlier run of this pass: the same reason again
+            return reason[len(LEFT_ABOVE_LIMIT) :]
+        return f"{violation}: tagged do-not-delegate ({reason}), so left as it is"
     high_inputs = [arg for arg in node.all_input_nodes if _high_rank_output(arg)]
     if any(arg.op == "placeholder" for arg in high_inputs):
         return f"{violation}: the graph's own input has that rank"

@@ -19,7 +19,7 @@ import torch.utils._pytree as pytree
 from torch.export import Dim, ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE
+from xnnguard.passes.do_not_delegate import tag, tag_of
 from xnnguard.passes.fold_batch_norm3d import FoldBatchNorm3dPass
 from xnnguard.passes.reduce_rank import ReduceRankPass
 from xnnguard.passes.rewrite_batch_norm3d import RewriteBatchNorm3dPass
@@ -81,14 +81,14 @@ class XnnpackRewriter:
         logger.info("xnnguard rewrite: %s", summarize(self.report))
         if not modified:
             unchanged = copy.deepcopy(ep) if self.report else ep
-            _tag(unchanged, self.report)
+            _tag_by_name(unchanged, self.report)
             return unchanged
         args, kwargs = _example_inputs(ep)
         try:
             rewritten = torch.export.export(module, args, kwargs, dynamic_shapes=_dynamic_shapes(ep), strict=False)
         except Exception as error:  # export's errors are many; say which step failed, keep the cause
             raise RewriteError(f"the rewritten program could not be exported again: {error}") from error
-        _tag(rewritten, self.report)
+        _restore_tags(rewritten)
         return rewritten
 
 
@@ -96,12 +96,20 @@ class RewriteError(RuntimeError):
     """``rewrite_for_xnnpack`` could not turn the rewritten module back into an ExportedProgram."""
 
 
-def _tag(ep: ExportedProgram, report: list[KeptOut]) -> None:
-    """Put the tags of the nodes left as they were back on the re-exported graph (export drops meta)."""
+def _tag_by_name(ep: ExportedProgram, report: list[KeptOut]) -> None:
+    """Tag the nodes left as they were on ``ep`` itself (the passes tagged its unlifted copy, same names)."""
     reasons = {record.node: record.reason for record in report}
     for node in ep.graph.nodes:
         if node.op == "call_function" and node.name in reasons:
-            node.meta[DO_NOT_DELEGATE] = reasons[node.name]
+            tag(node, reasons[node.name])
+
+
+def _restore_tags(ep: ExportedProgram) -> None:
+    """Re-export renumbers node names and keeps only ``meta["custom"]``, where ``tag`` mirrored each tag."""
+    for node in ep.graph.nodes:
+        reason = tag_of(node)
+        if reason:
+            tag(node, reason)
 
 
 def _example_inputs(ep: ExportedProgram) -> tuple[tuple[object, ...], dict[str, object]]:
