@@ -2,7 +2,8 @@
 
 A small ViT (patch embedding, 6 pre-norm transformer blocks, width 192) built here, exported once,
 lowered alternately with each partitioner so that machine noise hits both alike. Target: xnnguard adds
-at most 3% (ratio <= 1.03).
+at most 3% (ratio <= 1.03). Judged on the fastest CPU time of each side (noise on a shared machine only
+ever adds time, and the work is single-threaded Python); the median wall time is printed beside it.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _time_lowering(ep: torch.export.ExportedProgram, make_partitioner) -> tuple[
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def main(repeats: int = 5) -> dict[str, float]:
+def main(repeats: int = 7) -> bool:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner as Stock
 
     from xnnguard import XnnpackPartitioner as Guarded
@@ -68,20 +69,16 @@ def main(repeats: int = 5) -> dict[str, float]:
     for _ in range(repeats):
         stock.append(_time_lowering(ep, Stock))
         guarded.append(_time_lowering(ep, Guarded))
-    result = {}
-    for index, clock in enumerate(("wall", "cpu")):
-        result[f"stock_{clock}_s"] = statistics.median(t[index] for t in stock)
-        result[f"xnnguard_{clock}_s"] = statistics.median(t[index] for t in guarded)
-        result[f"{clock}_ratio"] = result[f"xnnguard_{clock}_s"] / result[f"stock_{clock}_s"]
-    for clock in ("wall", "cpu"):
-        ratio = result[f"{clock}_ratio"]
-        verdict = "meets" if ratio <= TARGET_RATIO else "MISSES"
-        print(
-            f"partitioner  small ViT to_edge_transform_and_lower ({clock}, median of {repeats}): "
-            f"stock {result[f'stock_{clock}_s']:.2f} s, xnnguard {result[f'xnnguard_{clock}_s']:.2f} s, "
-            f"ratio {ratio:.3f} ({verdict} target <= {TARGET_RATIO})"
-        )
-    return result
+    wall_ratio = statistics.median(t[0] for t in guarded) / statistics.median(t[0] for t in stock)
+    stock_cpu, guarded_cpu = min(t[1] for t in stock), min(t[1] for t in guarded)
+    ratio = guarded_cpu / stock_cpu
+    verdict = "meets" if ratio <= TARGET_RATIO else "MISSES"
+    print(
+        f"partitioner  small ViT to_edge_transform_and_lower, best CPU time of {repeats}: stock {stock_cpu:.2f} s, "
+        f"xnnguard {guarded_cpu:.2f} s, ratio {ratio:.3f} ({verdict} target <= {TARGET_RATIO}); "
+        f"median wall ratio {wall_ratio:.3f}"
+    )
+    return ratio <= TARGET_RATIO
 
 
 if __name__ == "__main__":
