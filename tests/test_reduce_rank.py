@@ -548,24 +548,24 @@ def test_on_an_edge_program_nothing_changes_and_every_high_rank_op_is_reported()
 
 def test_a_rewrite_that_fails_midway_leaves_the_node_as_it_was_and_reports_it() -> None:
     """A rewrite that raises after inserting nodes: they are erased, the node stays, the failure is reported."""
-    from xnnguard.passes.high_rank_nodes import rewrite_each
+    from xnnguard.passes.high_rank_nodes import HighRankRewritePass
+
+    class FailsAfterInserting(HighRankRewritePass):
+        def picks(self, node: torch.fx.Node) -> bool:
+            return node.target == torch.ops.aten.permute.default
+
+        def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+            with graph_module.graph.inserting_before(node):
+                graph_module.graph.call_function(torch.ops.aten.reshape.default, (node.args[0], [-1]))
+            raise RuntimeError("no fake kernel")
 
     model = ReshapePermute((2, 2, 2, 2, 2, 2, 2, 3), (0, 7, 6, 5, 4, 3, 2, 1))
     ep = torch.export.export(model, (torch.randn(2, 192),))
     graph = ep.graph_module.graph
     before = [n.format_node() for n in graph.nodes]
-
-    def fails_after_inserting(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
-        with graph.inserting_before(node):
-            graph.call_function(torch.ops.aten.reshape.default, (node.args[0], [-1]))
-        raise RuntimeError("no fake kernel")
-
-    def is_permute(node: torch.fx.Node) -> bool:
-        return node.target == torch.ops.aten.permute.default
-
-    modified, report = rewrite_each(ep.graph_module, is_permute, fails_after_inserting)
-    assert not modified and [n.format_node() for n in graph.nodes] == before
-    (record,) = report
+    result = FailsAfterInserting()(ep.graph_module)
+    assert not result.modified and [n.format_node() for n in graph.nodes] == before
+    (record,) = result.report
     assert "the rewrite failed (RuntimeError: no fake kernel)" in record.reason
 
 

@@ -24,17 +24,15 @@ import operator
 from dataclasses import dataclass
 
 import torch
-from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.high_rank_nodes import (
     high_rank,
     insert_op,
     insert_reshape,
-    rewrite_each,
+    HighRankRewritePass,
     static_shape,
     user_kept_out,
 )
-from xnnguard.passes.pass_result import ReportedPassResult
 
 __all__ = ["FlattenHighRankLinearPass"]
 
@@ -93,24 +91,15 @@ def _flat_block_size(block_size: list[int], shape: tuple[int, ...]) -> list[int]
     return None
 
 
-class FlattenHighRankLinearPass(PassBase):
+class FlattenHighRankLinearPass(HighRankRewritePass):
     """Runs each linear on a high-rank input as a 2-D linear; reports the ones it cannot."""
 
-    @staticmethod
-    def picks(node: torch.fx.Node) -> bool:
+    def picks(self, node: torch.fx.Node) -> bool:
         linear = node.op == "call_function" and node.target is _aten.linear.default
         return linear and high_rank(node) and not user_kept_out(node)
 
-    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        modified, report = rewrite_each(graph_module, self.picks, self._rewrite)
-        if modified:
-            graph_module.graph.eliminate_dead_code()
-            graph_module.graph.lint()
-            graph_module.recompile()
-        return ReportedPassResult(graph_module, modified, report)
-
-    @staticmethod
-    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        graph = graph_module.graph
         x = node.args[0]
         assert isinstance(x, torch.fx.Node)
         activation = _affine_activation(x)

@@ -9,12 +9,13 @@ op on its inputs' fake values, so later passes, quantizers and the rank checks r
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.utils._pytree as pytree
 
 from xnnguard.passes.do_not_delegate import op_name, tag_of
+from xnnguard.passes.node_rewrite import NodeRewritePass
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 from xnnguard.report import KeptOut, Rule
 
@@ -25,7 +26,7 @@ __all__ = [
     "insert_op",
     "insert_reshape",
     "left_high_rank",
-    "rewrite_each",
+    "HighRankRewritePass",
     "static_shape",
     "user_kept_out",
 ]
@@ -125,35 +126,12 @@ def left_high_rank(node: torch.fx.Node, reason: str) -> KeptOut:
     return KeptOut(node.name, op_name(node), Rule.HIGH_RANK, LEFT_ABOVE_LIMIT + reason)
 
 
-def rewrite_each(
-    graph_module: torch.fx.GraphModule,
-    picks: Callable[[torch.fx.Node], bool],
-    rewrite: Callable[[torch.fx.Graph, torch.fx.Node], str | None],
-) -> tuple[bool, list[KeptOut]]:
-    """Apply ``rewrite`` to every node ``picks``; return (whether any was rewritten, what was left and why).
+class HighRankRewritePass(NodeRewritePass):
+    """A rank-reduction rewrite: what it leaves is reported as left above the limit, and not tagged here,
+    because ``ReduceRankPass`` decides about every node still above the limit once all of them ran."""
 
-    ``rewrite`` returns None when it replaced the node, or the reason it did not. It inserts its nodes
-    first and redirects the node's users last, so when it fails midway (an op whose fake value cannot
-    be computed, say) the nodes it inserted are unused: they are erased, the node stays as it was and
-    is reported, never a traceback.
-    """
-    graph = graph_module.graph
-    modified = False
-    report: list[KeptOut] = []
-    for node in list(graph.nodes):
-        if not picks(node):
-            continue
-        before = set(graph.nodes)
-        try:
-            reason = rewrite(graph, node)
-        except Exception as error:  # noqa: BLE001 - any failure leaves the node as it was, reported
-            reason = f"the rewrite failed ({type(error).__name__}: {error})"
-            for inserted in reversed([n for n in graph.nodes if n not in before]):
-                if not inserted.users:
-                    graph.erase_node(inserted)
-        if reason is None:
-            modified = True
-            continue
-        report.append(left_high_rank(node, reason))
-        logger.info("%s", report[-1])
-    return modified, report
+    rule = Rule.HIGH_RANK
+    tags_what_it_leaves = False
+
+    def record(self, node: torch.fx.Node, reason: str) -> KeptOut:
+        return left_high_rank(node, reason)

@@ -14,17 +14,15 @@ import logging
 import math
 
 import torch
-from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.high_rank_nodes import (
     high_rank,
     insert_op,
     insert_reshape,
-    rewrite_each,
+    HighRankRewritePass,
     static_shape,
     user_kept_out,
 )
-from xnnguard.passes.pass_result import ReportedPassResult
 
 __all__ = ["ReduceRankCatPass"]
 
@@ -34,23 +32,14 @@ _aten = torch.ops.aten
 _CATS = {_aten.cat.default, _aten.concat.default}
 
 
-class ReduceRankCatPass(PassBase):
+class ReduceRankCatPass(HighRankRewritePass):
     """Runs each high-rank cat on three merged dims; reports the ones it cannot."""
 
-    @staticmethod
-    def picks(node: torch.fx.Node) -> bool:
+    def picks(self, node: torch.fx.Node) -> bool:
         return node.op == "call_function" and node.target in _CATS and high_rank(node) and not user_kept_out(node)
 
-    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        modified, report = rewrite_each(graph_module, self.picks, self._rewrite)
-        if modified:
-            graph_module.graph.eliminate_dead_code()
-            graph_module.graph.lint()
-            graph_module.recompile()
-        return ReportedPassResult(graph_module, modified, report)
-
-    @staticmethod
-    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        graph = graph_module.graph
         inputs = node.args[0]
         output_shape = static_shape(node)
         shapes = [static_shape(x) for x in inputs]  # type: ignore[union-attr]

@@ -16,18 +16,16 @@ from __future__ import annotations
 import logging
 
 import torch
-from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.dim_groups import broadcast_groups, grouped_shape
 from xnnguard.passes.high_rank_nodes import (
     high_rank,
     insert_op,
     insert_reshape,
-    rewrite_each,
+    HighRankRewritePass,
     static_shape,
     user_kept_out,
 )
-from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 
 __all__ = ["ELEMENTWISE_OPS", "ReduceRankElementwisePass"]
@@ -51,24 +49,15 @@ ELEMENTWISE_OPS = {
 }
 
 
-class ReduceRankElementwisePass(PassBase):
+class ReduceRankElementwisePass(HighRankRewritePass):
     """Runs each high-rank elementwise op on merged dims; reports those whose dims do not merge enough."""
 
-    @staticmethod
-    def picks(node: torch.fx.Node) -> bool:
+    def picks(self, node: torch.fx.Node) -> bool:
         elementwise = node.op == "call_function" and node.target in ELEMENTWISE_OPS
         return elementwise and high_rank(node) and not user_kept_out(node)
 
-    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        modified, report = rewrite_each(graph_module, self.picks, self._rewrite)
-        if modified:
-            graph_module.graph.eliminate_dead_code()
-            graph_module.graph.lint()
-            graph_module.recompile()
-        return ReportedPassResult(graph_module, modified, report)
-
-    @staticmethod
-    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        graph = graph_module.graph
         output_shape = static_shape(node)
         operands = [arg for arg in node.args if isinstance(arg, torch.fx.Node)]
         shapes = [static_shape(arg) for arg in operands]

@@ -14,17 +14,15 @@ import logging
 import math
 
 import torch
-from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.high_rank_nodes import (
     high_rank,
     insert_op,
     insert_reshape,
-    rewrite_each,
+    HighRankRewritePass,
     static_shape,
     user_kept_out,
 )
-from xnnguard.passes.pass_result import ReportedPassResult
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 
 __all__ = ["ReduceRankLayerNormPass"]
@@ -35,24 +33,15 @@ _aten = torch.ops.aten
 _LAYER_NORMS = {_aten.layer_norm.default}
 
 
-class ReduceRankLayerNormPass(PassBase):
+class ReduceRankLayerNormPass(HighRankRewritePass):
     """Runs each high-rank layer norm on merged rows; reports the ones it cannot."""
 
-    @staticmethod
-    def picks(node: torch.fx.Node) -> bool:
+    def picks(self, node: torch.fx.Node) -> bool:
         layer_norm = node.op == "call_function" and node.target in _LAYER_NORMS
         return layer_norm and high_rank(node) and not user_kept_out(node)
 
-    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        modified, report = rewrite_each(graph_module, self.picks, self._rewrite)
-        if modified:
-            graph_module.graph.eliminate_dead_code()
-            graph_module.graph.lint()
-            graph_module.recompile()
-        return ReportedPassResult(graph_module, modified, report)
-
-    @staticmethod
-    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        graph = graph_module.graph
         x = node.args[0]
         shape, output_shape = static_shape(x), static_shape(node)
         if shape is None or output_shape is None:

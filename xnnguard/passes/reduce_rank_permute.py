@@ -17,11 +17,9 @@ from __future__ import annotations
 import logging
 
 import torch
-from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.passes.dim_groups import permute_steps
-from xnnguard.passes.high_rank_nodes import insert_op, insert_reshape, rewrite_each, static_shape, user_kept_out
-from xnnguard.passes.pass_result import ReportedPassResult
+from xnnguard.passes.high_rank_nodes import insert_op, insert_reshape, HighRankRewritePass, static_shape, user_kept_out
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 
 __all__ = ["ReduceRankPermutePass", "permutation_of"]
@@ -51,24 +49,15 @@ def permutation_of(node: torch.fx.Node) -> tuple[int, ...] | None:
     return None
 
 
-class ReduceRankPermutePass(PassBase):
+class ReduceRankPermutePass(HighRankRewritePass):
     """Replaces each permute above the rank limit by transposes within it; reports the ones it cannot."""
 
-    @staticmethod
-    def picks(node: torch.fx.Node) -> bool:
+    def picks(self, node: torch.fx.Node) -> bool:
         perm = permutation_of(node)
         return perm is not None and exceeds_rank_limit(len(perm)) and not user_kept_out(node)
 
-    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        modified, report = rewrite_each(graph_module, self.picks, self._rewrite)
-        if modified:
-            graph_module.graph.eliminate_dead_code()
-            graph_module.graph.lint()
-            graph_module.recompile()
-        return ReportedPassResult(graph_module, modified, report)
-
-    @staticmethod
-    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        graph = graph_module.graph
         x = node.args[0]
         assert isinstance(x, torch.fx.Node)
         shape, output_shape = static_shape(x), static_shape(node)
