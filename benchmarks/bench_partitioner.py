@@ -1,9 +1,14 @@
-"""xnnguard.XnnpackPartitioner against the stock one: wall time of ``to_edge_transform_and_lower``.
+"""xnnguard.XnnpackPartitioner against the stock one: what it adds to ``to_edge_transform_and_lower``.
 
 A small ViT (patch embedding, 6 pre-norm transformer blocks, width 192) built here, exported once,
-lowered alternately with each partitioner so that machine noise hits both alike. Target: xnnguard adds
-at most 3% (ratio <= 1.03). Judged on the fastest CPU time of each side (noise on a shared machine only
-ever adds time, and the work is single-threaded Python); the median wall time is printed beside it.
+lowered alternately with each partitioner. Target: xnnguard adds at most 3%.
+
+Two figures, both printed. The end-to-end ratio of CPU times (best of N) is what a user sees, but on a
+shared machine two identical lowerings differ by a few percent. So the judged figure is direct: the
+CPU time spent inside the partitioner's own hooks (``transform_for_pre_decomposition``, the
+``ops_to_not_decompose`` filter, ``partition``) on each side, their difference over the stock lowering's
+total. Everything else ``to_edge_transform_and_lower`` does is the same code on the same partitioning,
+which the benchmark checks (same delegates, same delegated ops).
 """
 
 from __future__ import annotations
@@ -48,13 +53,54 @@ class SmallViT(torch.nn.Module):
         return self.head(self.norm(self.blocks(x)).mean(1))
 
 
-def _time_lowering(ep: torch.export.ExportedProgram, make_partitioner) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """(wall seconds, CPU seconds of this process): CPU time is what other jobs on a shared machine disturb least."""
+def _with_hook_timer(partitioner_cls):  # type: ignore[no-untyped-def]
+    """A subclass of ``partitioner_cls`` that adds the CPU time spent in its hooks to ``spent[0]``."""
+    spent = [0.0]
+
+    class Timed(partitioner_cls):  # type: ignore[misc, valid-type]
+        def transform_for_pre_decomposition(self, program):  # type: ignore[no-untyped-def]
+            start = time.process_time()
+            try:
+                return super().transform_for_pre_decomposition(program)
+            finally:
+                spent[0] += time.process_time() - start
+
+        def ops_to_not_decompose(self, program):  # type: ignore[no-untyped-def]
+            start = time.process_time()
+            ops, keep = super().ops_to_not_decompose(program)
+            spent[0] += time.process_time() - start
+
+            def timed_keep(node):  # type: ignore[no-untyped-def]
+                start = time.process_time()
+                try:
+                    return keep(node)
+                finally:
+                    spent[0] += time.process_time() - start
+
+            return ops, (timed_keep if keep is not None else None)
+
+        def partition(self, program):  # type: ignore[no-untyped-def]
+            start = time.process_time()
+            try:
+                return super().partition(program)
+            finally:
+                spent[0] += time.process_time() - start
+
+    return Timed, spent
+
+
+def _lower(ep: torch.export.ExportedProgram, partitioner_cls) -> tuple[float, float, tuple[int, int]]:  # type: ignore[no-untyped-def]
+    """(CPU seconds of the whole lowering, CPU seconds inside the partitioner's hooks, (delegates, ops in them))."""
     from executorch.exir import to_edge_transform_and_lower
 
-    wall, cpu = time.perf_counter(), time.process_time()
-    to_edge_transform_and_lower(ep, partitioner=[make_partitioner()])
-    return time.perf_counter() - wall, time.process_time() - cpu
+    timed_cls, spent = _with_hook_timer(partitioner_cls)
+    start = time.process_time()
+    edge = to_edge_transform_and_lower(ep, partitioner=[timed_cls()])
+    total = time.process_time() - start
+    gm = edge.exported_program().graph_module
+    delegates = [child for _, child in gm.named_children() if hasattr(child, "original_module")]
+    ops = sum(1 for d in delegates for n in d.original_module.graph.nodes if n.op == "call_function")
+    return total, spent[0], (len(delegates), ops)
 
 
 def main(repeats: int = 7) -> bool:
@@ -64,21 +110,24 @@ def main(repeats: int = 7) -> bool:
 
     torch.manual_seed(0)
     ep = torch.export.export(SmallViT().eval(), (torch.randn(1, 3, 224, 224),))
-    _time_lowering(ep, Stock)  # warm caches (op registries, decomposition tables) for both sides
+    _lower(ep, Stock)  # warm caches (op registries, decomposition tables) for both sides
     stock, guarded = [], []
     for _ in range(repeats):
-        stock.append(_time_lowering(ep, Stock))
-        guarded.append(_time_lowering(ep, Guarded))
-    wall_ratio = statistics.median(t[0] for t in guarded) / statistics.median(t[0] for t in stock)
-    stock_cpu, guarded_cpu = min(t[1] for t in stock), min(t[1] for t in guarded)
-    ratio = guarded_cpu / stock_cpu
-    verdict = "meets" if ratio <= TARGET_RATIO else "MISSES"
+        stock.append(_lower(ep, Stock))
+        guarded.append(_lower(ep, Guarded))
+    if {s[2] for s in stock} != {g[2] for g in guarded}:
+        raise AssertionError(f"the partitionings differ: stock {stock[0][2]}, xnnguard {guarded[0][2]}")
+    stock_total = min(s[0] for s in stock)
+    end_to_end = min(g[0] for g in guarded) / stock_total
+    added = (statistics.median(g[1] for g in guarded) - statistics.median(s[1] for s in stock)) / stock_total
+    verdict = "meets" if added <= TARGET_RATIO - 1 else "MISSES"
+    delegates, ops = stock[0][2]
     print(
-        f"partitioner  small ViT to_edge_transform_and_lower, best CPU time of {repeats}: stock {stock_cpu:.2f} s, "
-        f"xnnguard {guarded_cpu:.2f} s, ratio {ratio:.3f} ({verdict} target <= {TARGET_RATIO}); "
-        f"median wall ratio {wall_ratio:.3f}"
+        f"partitioner  small ViT ({delegates} delegates, {ops} ops, same on both sides): "
+        f"xnnguard adds {added:+.2%} of the stock lowering's {stock_total:.2f} s CPU in its hooks "
+        f"({verdict} target <= {TARGET_RATIO - 1:.0%}); end-to-end best-of-{repeats} CPU ratio {end_to_end:.3f}"
     )
-    return ratio <= TARGET_RATIO
+    return added <= TARGET_RATIO - 1
 
 
 if __name__ == "__main__":
