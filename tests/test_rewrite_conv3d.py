@@ -231,3 +231,8 @@ def test_a_failing_pass_is_named_in_a_clear_error() -> None:
     ep = torch.export.export(torch.nn.Conv3d(1, 1, 1).eval(), (torch.randn(1, 1, 2, 2, 2),))
     with pytest.raises(RewriteError, match=r"Broken failed \(after RewriteConv3dPass\): cannot do this"):
         XnnpackRewriter([RewriteConv3dPass(), Broken()])(ep)
+
+
+def test_rewrite_for_xnnpack_names_what_it_takes_when_given_a_module() -> None:
+    with pytest.raises(TypeError, match="takes a torch.export.ExportedProgram, not Conv3d"):
+        rewrite_for_xnnpack(torch.nn.Conv3d(1, 1, 1))

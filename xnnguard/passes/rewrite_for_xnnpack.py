@@ -61,6 +61,11 @@ class XnnpackRewriter:
         self.report: list[KeptOut] = []
 
     def __call__(self, ep: ExportedProgram) -> ExportedProgram:
+        if not isinstance(ep, ExportedProgram):
+            raise TypeError(
+                f"rewrite_for_xnnpack takes a torch.export.ExportedProgram, not {type(ep).__name__}: "
+                "call it on torch.export.export(model, example_inputs)"
+            )
         self.report = []
         module = ep.module()
         modified = False
