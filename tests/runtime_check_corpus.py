@@ -79,8 +79,7 @@ CORPUS: dict[str, Entry] = {
     "stock_qconv_linear": Entry(_conv_linear, lambda: xnnpack_quantizer(per_channel=True), False, frozenset()),
     "guarded_rank7": Entry(_rank7, None, True, frozenset()),
     "guarded_qconv3d_relu": Entry(_conv3d, _per_tensor, True, frozenset()),
-    # xnnguard's partitioner is meant to lower this right (issue 2); while it does not, the verifier flags it
-    "guarded_qconv2d_float_output": Entry(_conv2d, _float_output, True, None),
+    "guarded_qconv2d_float_output": Entry(_conv2d, _float_output, True, frozenset()),
 }
 
 
