@@ -5,14 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-    XNNPACKQuantizer,
-    get_symmetric_quantization_config,
-)
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import xnnguard
-from tests.support import Lowered, lower, run_pte
+from tests.support import Lowered, lower, quant_step, run_pte, xnnpack_quantizer
 from xnnguard.passes.rewrite_for_xnnpack import rewrite_for_xnnpack
 from xnnguard.rank_limit import exceeds_rank_limit
 
@@ -42,8 +38,8 @@ def quantized_reference(
     ep: torch.export.ExportedProgram, x: torch.Tensor, precision: Precision
 ) -> torch.fx.GraphModule:
     """pt2e with ExecuTorch's XNNPACKQuantizer (per channel), applied to the rewritten program."""
-    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=precision == "dynamic int8")
-    prepared = prepare_pt2e(ep.module(), XNNPACKQuantizer().set_global(config))
+    quantizer = xnnpack_quantizer(per_channel=True, dynamic=precision == "dynamic int8")
+    prepared = prepare_pt2e(ep.module(), quantizer)
     prepared(x)
     return convert_pt2e(prepared)
 
@@ -69,19 +65,10 @@ def lower_and_run(
         lowered = lower(torch.export.export(converted, (x,)), (x,), xnnguard.XnnpackPartitioner())
         reference = converted(x)
         if precision == "static int8":
-            step = _coarsest_activation_step(converted)
+            step = quant_step(converted, reference)
         else:
             step = float((reference - model(x)).abs().max())
         tolerance = 2 * step + 1e-6
     (out,) = run_pte(lowered.buffer, (x,))
     return lowered, out, reference.detach(), tolerance
 
-
-def _coarsest_activation_step(converted: torch.fx.GraphModule) -> float:
-    scales = [
-        float(n.args[1])
-        for n in converted.graph.nodes
-        if n.op == "call_function" and "quantize_per_tensor" in str(n.target) and isinstance(n.args[1], float)
-    ]
-    assert scales, "no static activation quantization in the converted model"
-    return max(scales)
