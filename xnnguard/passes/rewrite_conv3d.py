@@ -32,9 +32,10 @@ from torch.fx.operator_schemas import normalize_function
 
 from xnnguard.conv3d import ConvKind, conv3d_kind
 from xnnguard.passes.conv_input_cat import as_cat
+from xnnguard.passes.conv_operands import conv_operands
 from xnnguard.passes.node_rewrite import NodeRewritePass
 from xnnguard.passes.size_args import triple
-from xnnguard.passes.splice import attribute_tensor, splice_before
+from xnnguard.passes.splice import splice_before
 from xnnguard.passes.strided_select import select_every
 from xnnguard.report import Rule
 
@@ -313,24 +314,16 @@ class RewriteConv3dPass(NodeRewritePass):
         geometry = conv3d_geometry(node)
         if isinstance(geometry, str):
             return geometry
-        normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
-        assert normalized is not None
-        weight = attribute_tensor(graph_module, normalized.kwargs["weight"])
-        if weight is None:
-            return "its weight is not a parameter of the module"
-        bias = normalized.kwargs.get("bias")
-        x = normalized.kwargs["input"]
+        operands = conv_operands(graph_module, node)
+        if isinstance(operands, str):
+            return operands
         depth_taps = self.depth_taps
-
-        bias_tensor = attribute_tensor(graph_module, bias) if isinstance(bias, torch.fx.Node) else None
-        if bias is not None and bias_tensor is None:
-            return "its bias is not a parameter of the module"
-        constants = conv2d_constants(weight, bias_tensor, geometry, depth_taps)
+        constants = conv2d_constants(operands.weight, operands.bias, geometry, depth_taps)
 
         def replacement(x_: torch.Tensor, *constants_: torch.Tensor) -> torch.Tensor:
             return conv3d_as_conv2d(x_, constants_, geometry, depth_taps)
 
-        inputs: list[torch.fx.Node | torch.Tensor] = [x, *constants]
+        inputs: list[torch.fx.Node | torch.Tensor] = [operands.input, *constants]
         output = splice_before(graph_module, node, replacement, inputs)
         node.replace_all_uses_with(output)
         logger.debug("%s: 3-D convolution rewritten (%s)", node.name, geometry.form)

@@ -23,9 +23,10 @@ from torch.fx.operator_schemas import normalize_function
 
 from xnnguard.conv3d import ConvKind, conv3d_kind
 from xnnguard.passes.conv_input_cat import as_cat
+from xnnguard.passes.conv_operands import conv_operands
 from xnnguard.passes.node_rewrite import NodeRewritePass
 from xnnguard.passes.size_args import Triple, triple
-from xnnguard.passes.splice import attribute_tensor, splice_before
+from xnnguard.passes.splice import splice_before
 from xnnguard.report import Rule
 
 __all__ = [
@@ -157,21 +158,15 @@ class RewriteConvTranspose3dPass(NodeRewritePass):
         geometry = conv_transpose3d_geometry(node)
         if isinstance(geometry, str):
             return geometry
-        normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
-        assert normalized is not None
-        weight = attribute_tensor(graph_module, normalized.kwargs["weight"])
-        if weight is None:
-            return "its weight is not a parameter of the module"
-        bias_node = normalized.kwargs.get("bias")
-        bias = attribute_tensor(graph_module, bias_node) if bias_node is not None else None
-        if bias_node is not None and bias is None:
-            return "its bias is not a parameter of the module"
-        constants = conv_transpose2d_constants(weight, bias, geometry)
+        operands = conv_operands(graph_module, node)
+        if isinstance(operands, str):
+            return operands
+        constants = conv_transpose2d_constants(operands.weight, operands.bias, geometry)
 
         def replacement(x: torch.Tensor, *constants_: torch.Tensor) -> torch.Tensor:
             return conv_transpose3d_as_2d(x, constants_, geometry)
 
-        output = splice_before(graph_module, node, replacement, [normalized.kwargs["input"], *constants])
+        output = splice_before(graph_module, node, replacement, [operands.input, *constants])
         node.replace_all_uses_with(output)
         logger.debug("%s: 3-D transposed convolution rewritten", node.name)
         return None
