@@ -236,3 +236,13 @@ def test_a_failing_pass_is_named_in_a_clear_error() -> None:
 def test_rewrite_for_xnnpack_names_what_it_takes_when_given_a_module() -> None:
     with pytest.raises(TypeError, match="takes a torch.export.ExportedProgram, not Conv3d"):
         rewrite_for_xnnpack(torch.nn.Conv3d(1, 1, 1))
+
+
+def test_a_conv3d_whose_weight_is_not_a_parameter_is_left_and_reported() -> None:
+    # On a lifted graph (ExportedProgram.graph_module) the weight is a placeholder, not a module attribute.
+    ep = torch.export.export(torch.nn.Conv3d(2, 4, 3).eval(), (torch.randn(1, 2, 4, 6, 6),))
+    result = RewriteConv3dPass()(ep.graph_module)
+    assert not result.modified
+    (record,) = result.report
+    assert record.rule is Rule.CONV3D
+    assert record.reason == "3-D convolution not rewritten: its weight is not a parameter of the module"
