@@ -29,20 +29,20 @@ _PUBLIC = {
 
 __all__ = sorted(_PUBLIC)
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the lazy names, for type checkers; "X as X" marks a re-export
     from xnnguard.passes import (
-        DO_NOT_DELEGATE,
-        RewriteError,
-        TagConv3dPass,
-        TagHighRankPass,
-        XnnpackPartitioner,
-        XnnpackRewriter,
-        rewrite_for_xnnpack,
+        DO_NOT_DELEGATE as DO_NOT_DELEGATE,
+        RewriteError as RewriteError,
+        TagConv3dPass as TagConv3dPass,
+        TagHighRankPass as TagHighRankPass,
+        XnnpackPartitioner as XnnpackPartitioner,
+        XnnpackRewriter as XnnpackRewriter,
+        rewrite_for_xnnpack as rewrite_for_xnnpack,
     )
-    from xnnguard.quantizer import XNNPACKQuantizer
-    from xnnguard.runtime_check import assert_pte_ok, verify_pte
-    from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS
-    from xnnguard.report import KeptOut, Rule
+    from xnnguard.quantizer import XNNPACKQuantizer as XNNPACKQuantizer
+    from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS as XNN_MAX_TENSOR_DIMS
+    from xnnguard.report import KeptOut as KeptOut, Rule as Rule
+    from xnnguard.runtime_check import assert_pte_ok as assert_pte_ok, verify_pte as verify_pte
 
 
 def __getattr__(name: str) -> Any:

@@ -71,7 +71,9 @@ def _quantization_config(kind: str):  # type: ignore[no-untyped-def]
 
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
 
-    config = get_symmetric_quantization_config(is_per_channel=kind != "static-float-output", is_dynamic=kind == "dynamic")
+    config = get_symmetric_quantization_config(
+        is_per_channel=kind != "static-float-output", is_dynamic=kind == "dynamic"
+    )
     return dataclasses.replace(config, output_activation=None) if kind == "static-float-output" else config
 
 

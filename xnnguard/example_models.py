@@ -8,13 +8,13 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "Patchify",
-    "PermuteAdd",
     "Conv2dReLU",
     "Conv3dReLU",
     "ConvTranspose3dModel",
     "HighRankLinear",
     "LinearModel",
+    "Patchify",
+    "PermuteAdd",
     "Video3dCNN",
 ]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 __all__ = [
     "PermuteStep",
@@ -67,7 +68,7 @@ def _block_count(source: Layout, target: Layout) -> int:
     if not target:
         return 0
     position = {d: i for i, d in enumerate(source)}
-    return 1 + sum(1 for a, b in zip(target, target[1:]) if position[b] != position[a] + 1)
+    return 1 + sum(1 for a, b in pairwise(target) if position[b] != position[a] + 1)
 
 
 def _step(source: Layout, target: Layout, sizes: Sequence[int]) -> PermuteStep:
@@ -94,9 +95,9 @@ def _best_intermediate(source: Layout, target: Layout, limit: int, budget: int =
     ``source`` itself.
     """
     n = len(source)
-    source_next = {a: b for a, b in zip(source, source[1:])}
-    target_next = {a: b for a, b in zip(target, target[1:])}
-    best: list[object] = [None, sum(1 for a, b in zip(source, source[1:]) if target_next.get(a) == b)]
+    source_next = {a: b for a, b in pairwise(source)}
+    target_next = {a: b for a, b in pairwise(target)}
+    best: list[object] = [None, sum(1 for a, b in pairwise(source) if target_next.get(a) == b)]
     visited = [0]
     used = [False] * (max(source) + 1 if source else 0)
     prefix: list[int] = []
@@ -112,7 +113,8 @@ def _best_intermediate(source: Layout, target: Layout, limit: int, budget: int =
         if kept + (n - len(prefix)) <= best[1]:  # type: ignore[operator]
             return
         last = prefix[-1] if prefix else None
-        candidates = [] if last is None else [d for d in (target_next.get(last), source_next.get(last)) if d is not None]
+        followers = () if last is None else (target_next.get(last), source_next.get(last))
+        candidates = [d for d in followers if d is not None]
         candidates += [d for d in source if d not in candidates]
         for d in candidates:
             if used[d]:
@@ -156,7 +158,7 @@ def _move_one(current: Layout, target: Layout) -> Layout:
     for i, (have, want) in enumerate(zip(current, target)):
         if have != want:
             rest = [d for d in current if d != want]
-            return tuple(rest[:i] + [want] + rest[i:])
+            return tuple([*rest[:i], want, *rest[i:]])
     return current
 
 

@@ -22,11 +22,11 @@ from xnnguard.report import KeptOut, Rule
 __all__ = [
     "LEFT_ABOVE_LIMIT",
     "VIEW_OPS",
+    "HighRankRewritePass",
     "high_rank",
     "insert_op",
     "insert_reshape",
     "left_high_rank",
-    "HighRankRewritePass",
     "static_shape",
     "user_kept_out",
 ]

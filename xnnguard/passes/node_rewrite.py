@@ -56,7 +56,7 @@ class NodeRewritePass(PassBase):
             before = set(graph.nodes)
             try:
                 reason = self.rewrite(graph_module, node)
-            except Exception as error:  # noqa: BLE001 - any failure leaves the node as it was, reported
+            except Exception as error:  # any failure leaves the node as it was, reported
                 reason = f"the rewrite failed ({type(error).__name__}: {error})"
                 for inserted in reversed([n for n in graph.nodes if n not in before]):
                     if not inserted.users:

@@ -19,10 +19,10 @@ import torch
 
 from xnnguard.passes.dim_groups import broadcast_groups, grouped_shape
 from xnnguard.passes.high_rank_nodes import (
+    HighRankRewritePass,
     high_rank,
     insert_op,
     insert_reshape,
-    HighRankRewritePass,
     static_shape,
     user_kept_out,
 )

@@ -19,7 +19,7 @@ import logging
 import torch
 
 from xnnguard.passes.dim_groups import permute_steps
-from xnnguard.passes.high_rank_nodes import insert_op, insert_reshape, HighRankRewritePass, static_shape, user_kept_out
+from xnnguard.passes.high_rank_nodes import HighRankRewritePass, insert_op, insert_reshape, static_shape, user_kept_out
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 
 __all__ = ["ReduceRankPermutePass", "permutation_of"]

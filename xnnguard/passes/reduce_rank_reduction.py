@@ -20,10 +20,10 @@ import math
 import torch
 
 from xnnguard.passes.high_rank_nodes import (
+    HighRankRewritePass,
     high_rank,
     insert_op,
     insert_reshape,
-    HighRankRewritePass,
     static_shape,
     user_kept_out,
 )
@@ -91,7 +91,7 @@ class ReduceRankReductionPass(HighRankRewritePass):
             kwargs["dim"] = new_dim
         if node.target in _REDUCTIONS:
             if _REDUCTIONS[node.target] and "keepdim" not in kwargs and len(args) > 1:
-                args = args[:2] + [True] + args[3:]
+                args = [*args[:2], True, *args[3:]]
             else:
                 kwargs["keepdim"] = True
         with graph.inserting_before(node):

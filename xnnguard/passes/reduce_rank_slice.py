@@ -16,10 +16,10 @@ import math
 import torch
 
 from xnnguard.passes.high_rank_nodes import (
+    HighRankRewritePass,
     high_rank,
     insert_op,
     insert_reshape,
-    HighRankRewritePass,
     static_shape,
     user_kept_out,
 )

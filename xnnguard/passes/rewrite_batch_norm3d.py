@@ -70,7 +70,9 @@ class RewriteBatchNorm3dPass(NodeRewritePass):
         n, c, d, h, w = shape
         present = [value for value in (weight, bias) if value is not None]
 
-        def replacement(x_: torch.Tensor, mean_: torch.Tensor, var_: torch.Tensor, *affine: torch.Tensor) -> torch.Tensor:
+        def replacement(
+            x_: torch.Tensor, mean_: torch.Tensor, var_: torch.Tensor, *affine: torch.Tensor
+        ) -> torch.Tensor:
             weight_ = affine[0] if weight is not None else None
             bias_ = affine[-1] if bias is not None else None
             y = F.batch_norm(x_.reshape(n, c, d * h, w), mean_, var_, weight_, bias_, False, momentum, eps)

@@ -212,7 +212,7 @@ def conv2d_constants(
     only when its weight and bias are not already annotated for another one. A run of output frames that
     reads only padding (padding wider than the kernel) gets its value: the bias, or zero.
     """
-    out_c, _, kd, kh, kw = weight.shape
+    out_c, _, _, kh, kw = weight.shape
     form = geometry.form
     with_bias = [bias.clone()] if bias is not None else []
     if form == "one patch":

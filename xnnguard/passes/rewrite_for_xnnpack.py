@@ -169,7 +169,9 @@ def _dynamic_shapes(ep: ExportedProgram) -> tuple[object, ...] | None:
         return None
     shaped_args, shaped_kwargs = pytree.tree_unflatten(specs, spec)
     if any(spec is not None for spec in pytree.tree_leaves(shaped_kwargs, is_leaf=lambda v: v is None)):
-        raise ValueError("rewrite_for_xnnpack: dynamic dims on keyword inputs are not supported; pass them positionally")
+        raise ValueError(
+            "rewrite_for_xnnpack: dynamic dims on keyword inputs are not supported; pass them positionally"
+        )
     return tuple(shaped_args)
 
 

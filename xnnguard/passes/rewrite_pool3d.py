@@ -177,16 +177,10 @@ def pool3d_as_2d(x: torch.Tensor, pool: Pool3d, correction: torch.Tensor | float
     do, ho, wo = (pool.output_size(dim) for dim in range(3))
     y = x.reshape(n, c * d, h, w)
     if not pool._stage_is_identity((1, 2)):
-        if pool.kind == "max":
-            y = _max_stage(y, pool, (1, 2), (ho, wo))
-        else:
-            y = _avg_stage(y, pool, (1, 2))
+        y = _max_stage(y, pool, (1, 2), (ho, wo)) if pool.kind == "max" else _avg_stage(y, pool, (1, 2))
     y = y.reshape(n, c, d, ho * wo)
     if not pool._stage_is_identity((0,)):
-        if pool.kind == "max":
-            y = _max_stage(y, pool, (0, -1), (do, ho * wo))
-        else:
-            y = _avg_stage(y, pool, (0, -1))
+        y = _max_stage(y, pool, (0, -1), (do, ho * wo)) if pool.kind == "max" else _avg_stage(y, pool, (0, -1))
     y = y.reshape(*pool.input_shape[:-3], do, ho, wo)
     if correction is None:
         return y

@@ -23,8 +23,9 @@ the stock matching it
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS

@@ -20,7 +20,7 @@ annotates them anyway. Here:
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
@@ -73,9 +73,10 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
     def annotate(self, model: GraphModule) -> GraphModule:
         """The stock annotation, with every 3-D convolution left float and listed in ``left_in_float``.
 
-        Postcondition (``QuantizedConv3dError`` otherwise): no 3-D convolution carries a quantization spec. It can only fail when something
-        else annotated the graph first (an earlier quantizer of a ``ComposableQuantizer``), or when an
-        ExecuTorch release annotates convolutions outside the filtered hook.
+        Postcondition (``QuantizedConv3dError`` otherwise): no 3-D convolution carries a quantization spec.
+        It can only fail when something else annotated the graph first (an earlier quantizer of a
+        ``ComposableQuantizer``), or when an ExecuTorch release annotates convolutions outside the
+        filtered hook.
         """
         self.left_in_float = []
         model = super().annotate(model)
@@ -96,9 +97,9 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
     def _annotate_all_patterns(
         self,
         model: GraphModule,
-        quantization_config: Optional[QuantizationConfig],
-        filter_fn: Optional[Callable[[Node], bool]] = None,
-        operator_target: Optional[torch._ops.OpOverloadPacket] = None,
+        quantization_config: QuantizationConfig | None,
+        filter_fn: Callable[[Node], bool] | None = None,
+        operator_target: torch._ops.OpOverloadPacket | None = None,
     ) -> GraphModule:
         """The stock hook every ``set_*`` config goes through, with 3-D convolutions filtered out."""
         if operator_target is not None and is_3d_convolution_operator(operator_target):
@@ -108,7 +109,7 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
                                               operator_target)
 
 
-def _refusing_3d_convolutions(filter_fn: Optional[Callable[[Node], bool]]) -> Callable[[Node], bool]:
+def _refusing_3d_convolutions(filter_fn: Callable[[Node], bool] | None) -> Callable[[Node], bool]:
     """``filter_fn``, except that it refuses every 3-D convolution.
 
     The stock annotators ask the filter about the nodes of a pattern, its convolution among them, before

@@ -20,10 +20,10 @@ _PUBLIC = {
 
 __all__ = sorted(_PUBLIC)
 
-if TYPE_CHECKING:
-    from xnnguard.runtime_check.pte_reader import PteReadError
-    from xnnguard.runtime_check.report import Problem, Report
-    from xnnguard.runtime_check.verify import assert_pte_ok, verify_pte
+if TYPE_CHECKING:  # the lazy names, for type checkers; "X as X" marks a re-export
+    from xnnguard.runtime_check.pte_reader import PteReadError as PteReadError
+    from xnnguard.runtime_check.report import Problem as Problem, Report as Report
+    from xnnguard.runtime_check.verify import assert_pte_ok as assert_pte_ok, verify_pte as verify_pte
 
 
 def __getattr__(name: str) -> Any:

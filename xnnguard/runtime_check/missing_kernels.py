@@ -9,6 +9,7 @@ XNNPACK need anyway.
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 from functools import cache
 
 from xnnguard.runtime_check.pte_reader import Method
@@ -27,10 +28,8 @@ def registered_operators() -> frozenset[str] | None:
     except ImportError as error:
         logger.warning("no ExecuTorch runtime to ask for kernels (%s); kernel check skipped", error)
         return None
-    try:
+    with suppress(ImportError):
         import executorch.kernels.quantized  # noqa: F401  (registers the quantized_decomposed kernels)
-    except ImportError:
-        pass
     return frozenset(portable_lib._get_operator_names())
 
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +76,8 @@ def captured_stderr() -> Iterator[StderrCapture]:
         sys.stderr.flush()
         saved_fd, saved_stream = os.dup(2), sys.stderr
         os.dup2(sink.fileno(), 2)
-        sys.stderr = open(os.dup(sink.fileno()), "w", encoding="utf-8", errors="replace", buffering=1)
+        # Not a with block: the stream must outlive the yield. The finally below closes it.
+        sys.stderr = open(os.dup(sink.fileno()), "w", encoding="utf-8", errors="replace", buffering=1)  # noqa: SIM115
         try:
             yield StderrCapture(sink)
         finally:
@@ -118,10 +119,8 @@ def _inputs(meta: Any) -> list[Any] | None:
 def _load_program(source: Any) -> Any:
     from executorch.extension.pybindings import portable_lib
 
-    try:  # q/dq left outside XNNPACK need these kernels; the runtime a program ships with links them too
+    with suppress(ImportError):  # q/dq left outside XNNPACK need these kernels; a shipped runtime links them too
         import executorch.kernels.quantized  # noqa: F401
-    except ImportError:
-        pass
     if isinstance(source, (str, os.PathLike)):
         return portable_lib._load_program(os.fspath(source))
     return portable_lib._load_program_from_buffer(bytes(source))

@@ -13,14 +13,13 @@ import struct
 from dataclasses import dataclass
 from functools import cache
 
+from xnnguard.runtime_check.fbs_schema import FieldKind, Schema, executorch_schema
+from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView, root_table
 from xnnguard.xnnpack_constants import (
     XNN_INVALID_VALUE_ID,  # "no value" in an id field: a missing bias, an unused concatenation input
     XNN_VALUE_FLAG_EXTERNAL_INPUT,
     XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
 )
-
-from xnnguard.runtime_check.fbs_schema import FieldKind, Schema, executorch_schema
-from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView, root_table
 
 __all__ = ["XNNPACK_BACKEND_ID", "BlobFormatError", "XnnGraph", "XnnNode", "XnnValue", "read_xnnpack_blob"]
 
