@@ -7,10 +7,10 @@ models. Each entry says which problem kinds the static verifier must report for 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from collections.abc import Callable
 
 import torch
 

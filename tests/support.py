@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from executorch.exir import EdgeProgramManager, to_edge, to_edge_transform_and_lower
@@ -15,8 +16,8 @@ from xnnguard.passes.do_not_delegate import op_name
 __all__ = [
     "Lowered",
     "lower",
-    "quantize_pt2e",
     "quant_step",
+    "quantize_pt2e",
     "run_pte",
     "xnnpack_quantizer",
 ]

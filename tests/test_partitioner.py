@@ -40,7 +40,9 @@ def _lower_and_compare(model: torch.nn.Module, inputs: tuple, *, atol: float = 1
     return lowered
 
 
-def _lower_quantized_and_compare(converted: torch.fx.GraphModule, inputs: tuple, partitioner=None, **lower_args) -> Lowered:
+def _lower_quantized_and_compare(
+    converted: torch.fx.GraphModule, inputs: tuple, partitioner=None, **lower_args
+) -> Lowered:
     ep = torch.export.export(converted, inputs)
     lowered = lower(ep, inputs, partitioner or xnnguard.XnnpackPartitioner(), **lower_args)
     out = run_pte(lowered.buffer, inputs)[0]
@@ -250,13 +252,17 @@ def test_a_node_the_user_tags_is_never_delegated() -> None:
 
 def test_the_tag_passes_work_as_transform_passes() -> None:
     model = Patchify()
-    _lower_and_compare(model, model.example_inputs(), transform_passes=[xnnguard.TagHighRankPass(), xnnguard.TagConv3dPass()])
+    _lower_and_compare(
+        model, model.example_inputs(), transform_passes=[xnnguard.TagHighRankPass(), xnnguard.TagConv3dPass()]
+    )
 
 
 def test_it_takes_the_stock_constructor_arguments() -> None:
     from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
 
     model = Patchify()
-    partitioner = xnnguard.XnnpackPartitioner(config_precisions=ConfigPrecisionType.FP32, per_op_mode=True, verbose=False)
+    partitioner = xnnguard.XnnpackPartitioner(
+        config_precisions=ConfigPrecisionType.FP32, per_op_mode=True, verbose=False
+    )
     lowered = _lower_and_compare(model, model.example_inputs(), partitioner=partitioner)
     assert lowered.outside_ops()["permute_copy"] == 1

@@ -19,7 +19,9 @@ def test_the_readme_has_python_examples() -> None:
     assert len(_python_blocks()) >= 2
 
 
-def test_the_readme_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+def test_the_readme_examples_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     monkeypatch.chdir(tmp_path)  # examples may write files
     namespace: dict[str, object] = {"__name__": "__readme__"}
     for index, block in enumerate(_python_blocks()):

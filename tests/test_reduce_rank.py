@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import xnnguard
 from tests.support import lower, quant_step, run_pte, xnnpack_quantizer
@@ -236,7 +235,9 @@ def broadcasts(draw: st.DrawFn) -> tuple[Shape, Shape]:
 
 @settings(derandomize=True, max_examples=25, deadline=None)
 @given(broadcasts())
-def test_rewritten_broadcasting_elementwise_ops_equal_eager_with_no_tensor_above_the_limit(case: tuple[Shape, Shape]) -> None:
+def test_rewritten_broadcasting_elementwise_ops_equal_eager_with_no_tensor_above_the_limit(
+    case: tuple[Shape, Shape],
+) -> None:
     shape, broadcast = case
     model = BroadcastAdd(shape, broadcast)
     inputs = (torch.randn(shape[0], math.prod(shape[1:])), torch.randn(math.prod(broadcast)))
@@ -382,7 +383,8 @@ def test_broadcasting_add_lowers_fully_to_xnnpack() -> None:
 
 @pytest.mark.parametrize("precision", ["static int8", "dynamic int8"])
 def test_pt2e_flow_with_xnnguards_quantizer_after_rewrite_for_xnnpack_runs_fully_delegated(precision: str) -> None:
-    """The documented flow: rewrite_for_xnnpack(export(m)) -> prepare_pt2e -> calibrate -> convert -> export -> lower."""
+    """The documented flow: rewrite_for_xnnpack(export(m)) -> prepare_pt2e -> calibrate -> convert -> export
+    -> lower."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 import xnnguard
@@ -51,7 +50,9 @@ def _geometry(conv: torch.nn.Conv3d, x: torch.Tensor) -> Conv3dGeometry:
 
 @settings(derandomize=True, max_examples=40, deadline=None)
 @given(conv3d_cases(), st.sampled_from(["fold", "sum"]))
-def test_conv2d_form_equals_conv3d_for_any_parameters(case: tuple[torch.nn.Conv3d, torch.Tensor], depth_taps: str) -> None:
+def test_conv2d_form_equals_conv3d_for_any_parameters(
+    case: tuple[torch.nn.Conv3d, torch.Tensor], depth_taps: str
+) -> None:
     conv, x = case
     geometry = _geometry(conv, x)
     constants = conv2d_constants(conv.weight.detach(), None if conv.bias is None else conv.bias.detach(), geometry,
@@ -150,7 +151,9 @@ def test_r3d_block_runs_fully_delegated(precision: str) -> None:
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_qwen2_vl_patch_embedding_runs_as_one_delegated_linear(precision: str) -> None:
     torch.manual_seed(0)
-    lowered, out, reference, tolerance = lower_and_run(Qwen2VLPatchEmbed().eval(), torch.randn(32, 3 * 2 * 14 * 14), precision)  # type: ignore[arg-type]
+    lowered, out, reference, tolerance = lower_and_run(
+        Qwen2VLPatchEmbed().eval(), torch.randn(32, 3 * 2 * 14 * 14), precision  # type: ignore[arg-type]
+    )
     assert lowered.outside_ops() == {}
     assert lowered.delegated_ops()["linear"] == 1 and lowered.delegated_ops()["convolution"] == 0
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
@@ -234,7 +237,7 @@ def test_a_failing_pass_is_named_in_a_clear_error() -> None:
 
 
 def test_rewrite_for_xnnpack_names_what_it_takes_when_given_a_module() -> None:
-    with pytest.raises(TypeError, match="takes a torch.export.ExportedProgram, not Conv3d"):
+    with pytest.raises(TypeError, match=r"takes a torch\.export\.ExportedProgram, not Conv3d"):
         rewrite_for_xnnpack(torch.nn.Conv3d(1, 1, 1))
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import xnnguard
 from tests.rewrite_support import PRECISIONS, assert_within_rank_limit, lower_and_run, ops, rewritten

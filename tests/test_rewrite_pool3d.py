@@ -6,8 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from executorch.exir import to_edge_transform_and_lower
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 import xnnguard
 from tests.rewrite_support import PRECISIONS, lower_and_run, ops, rewritten
@@ -82,7 +81,15 @@ class Pool(torch.nn.Module):
         torch.nn.AdaptiveAvgPool3d((1, 1, 1)),
         torch.nn.AdaptiveAvgPool3d((2, 3, 3)),
     ],
-    ids=["max-ceil", "max-spatial-only", "max-stride-above-kernel", "avg-count-pad", "avg-ceil", "adaptive-global", "adaptive-2x3x3"],
+    ids=[
+        "max-ceil",
+        "max-spatial-only",
+        "max-stride-above-kernel",
+        "avg-count-pad",
+        "avg-ceil",
+        "adaptive-global",
+        "adaptive-2x3x3",
+    ],
 )
 def test_each_pooling_lowers_fully_to_xnnpack_and_runs(pool: torch.nn.Module) -> None:
     x = torch.randn(2, 3, 5, 9, 9) if not isinstance(pool, torch.nn.AdaptiveAvgPool3d) else torch.randn(1, 4, 4, 9, 9)

@@ -28,7 +28,7 @@ def test_an_empty_file_is_named_and_called_empty(tmp_path: Path) -> None:
 
 
 def test_a_missing_file_cannot_be_opened(tmp_path: Path) -> None:
-    with pytest.raises(PteReadError, match="missing.pte: cannot open: No such file"):
+    with pytest.raises(PteReadError, match=r"missing\.pte: cannot open: No such file"):
         verify_pte(tmp_path / "missing.pte")
 
 
@@ -45,7 +45,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
 
 
 def test_a_source_of_another_type_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match="a .pte source is a path, bytes or a memoryview, not list"):
+    with pytest.raises(TypeError, match=r"a \.pte source is a path, bytes or a memoryview, not list"):
         verify_pte([1, 2, 3])
 
 
@@ -70,7 +70,7 @@ def test_a_truncated_file_says_how_long_the_program_should_be() -> None:
 def test_a_segment_past_the_end_of_the_file_is_named() -> None:
     data = program("stock_qconv_linear")
     segments_end = len(data) - 1  # weights are in segments; cutting one byte leaves the last segment short
-    with pytest.raises(PteReadError, match="segment .* past the end of the file .* the file is cut off"):
+    with pytest.raises(PteReadError, match=r"segment .* past the end of the file .* the file is cut off"):
         verify_pte(data[:segments_end])
 
 
