@@ -12,6 +12,9 @@ unused as a 2-D max pooling over H or W: its partitioner takes any such ``max.di
 from __future__ import annotations
 
 import torch
+from torch.fx.node import Argument
+
+from xnnguard.fx_args import int_arg
 
 __all__ = ["is_max_dim", "max_dim_arguments", "max_over_height_or_width", "max_reduction_violation"]
 
@@ -25,11 +28,11 @@ def is_max_dim(node: torch.fx.Node) -> bool:
     return getattr(node.target, "__name__", "").split(".")[-2:] == ["max", "dim"]
 
 
-def max_dim_arguments(node: torch.fx.Node) -> tuple[torch.fx.Node, int, bool]:
-    """``(input, dim as written, keepdim)`` of a ``max.dim`` node."""
+def max_dim_arguments(node: torch.fx.Node) -> tuple[Argument, int, bool]:
+    """``(input, dim as written, keepdim)`` of a ``max.dim`` node; the input is a node in any exported graph."""
     dim = node.args[1] if len(node.args) > 1 else node.kwargs["dim"]
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-    return node.args[0], int(dim), bool(keepdim)
+    return node.args[0], int_arg(dim), bool(keepdim)
 
 
 def max_over_height_or_width(rank: int, dim: int) -> int | None:

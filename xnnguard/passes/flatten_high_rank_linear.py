@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from xnnguard.fx_args import int_list
 from xnnguard.passes.high_rank_nodes import (
     HighRankRewritePass,
     high_rank,
@@ -52,7 +53,7 @@ class _AffineActivation:
 
     @property
     def block_size(self) -> list[int]:
-        return [int(b) for b in self.choose.args[2]]  # type: ignore[union-attr]
+        return int_list(self.choose.args[2])
 
 
 def _name(node: object) -> str:

@@ -9,7 +9,7 @@ op on its inputs' fake values, so later passes, quantizers and the rank checks r
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -85,7 +85,7 @@ def insert_op(
     graph: torch.fx.Graph,
     target: object,
     args: Sequence[object],
-    kwargs: dict[str, object] | None = None,
+    kwargs: Mapping[str, object] | None = None,
     like: torch.fx.Node | None = None,
 ) -> torch.fx.Node:
     """Insert ``target(*args, **kwargs)`` at the graph's insertion point, with its fake ``meta["val"]``.

@@ -33,7 +33,7 @@ def _values_only(node: torch.fx.Node) -> list[torch.fx.Node] | None:
 
 
 def _is_getitem(node: torch.fx.Node, index: int) -> bool:
-    return node.target is operator.getitem and node.args[1] == index
+    return node.target is operator.getitem and bool(node.args[1] == index)
 
 
 def _static_shape(value: object) -> list[int] | None:
@@ -46,8 +46,8 @@ def _rewritable(node: torch.fx.Node) -> bool:
     if not is_max_dim(node) or max_reduction_violation(node) is None or _values_only(node) is None:
         return False
     source, dim, _ = max_dim_arguments(node)
-    value = source.meta.get("val")
-    return _static_shape(value) is not None and max_over_height_or_width(value.dim(), dim) is not None
+    shape = _static_shape(source.meta.get("val")) if isinstance(source, torch.fx.Node) else None
+    return shape is not None and max_over_height_or_width(len(shape), dim) is not None
 
 
 class MaxKeepdimPass(NodeRewritePass):
@@ -66,6 +66,7 @@ class MaxKeepdimPass(NodeRewritePass):
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         graph = graph_module.graph
         source, dim, _ = max_dim_arguments(node)
+        assert isinstance(source, torch.fx.Node)
         pooled = max_over_height_or_width(source.meta["val"].dim(), dim)
         values_shape = _static_shape(node.meta["val"][0])
         with graph.inserting_before(node):

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from xnnguard.fx_args import int_arg
 from xnnguard.passes.high_rank_nodes import (
     HighRankRewritePass,
     high_rank,
@@ -41,21 +42,18 @@ class ReduceRankCatPass(HighRankRewritePass):
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         graph = graph_module.graph
         inputs = node.args[0]
+        assert isinstance(inputs, (list, tuple))  # cat's Tensor[] operand
         output_shape = static_shape(node)
-        shapes = [static_shape(x) for x in inputs]  # type: ignore[union-attr]
-        if output_shape is None or any(shape is None for shape in shapes):
+        shapes = [static_shape(x) for x in inputs]
+        sized = [(x, shape) for x, shape in zip(inputs, shapes) if isinstance(x, torch.fx.Node) and shape is not None]
+        if output_shape is None or len(sized) != len(inputs):  # static_shape is None for a non-node
             return "dynamic shape: merging dims needs static sizes"
         rank = len(output_shape)
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-        dim = int(dim) % rank  # type: ignore[call-overload]
-        joined = [shape for shape in shapes if len(shape) == rank]  # type: ignore[arg-type]
+        dim = int_arg(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % rank
+        joined = [(x, shape) for x, shape in sized if len(shape) == rank]
         before, after = math.prod(output_shape[:dim]), math.prod(output_shape[dim + 1 :])
         with graph.inserting_before(node):
-            parts = [
-                insert_reshape(graph, x, (before, shape[dim], after), like=node)  # type: ignore[arg-type,index]
-                for x, shape in zip(inputs, shapes)  # type: ignore[arg-type]
-                if len(shape) == rank  # type: ignore[arg-type]
-            ]
+            parts = [insert_reshape(graph, x, (before, shape[dim], after), like=node) for x, shape in joined]
             merged = insert_op(graph, node.target, (parts, 1), like=node)
             y = insert_reshape(graph, merged, output_shape, like=node)
         node.replace_all_uses_with(y)

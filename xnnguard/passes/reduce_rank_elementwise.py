@@ -66,7 +66,7 @@ class ReduceRankElementwisePass(HighRankRewritePass):
         if any(isinstance(value, torch.fx.Node) for value in node.kwargs.values()):
             return "a tensor passed by keyword"
         tensor_shapes = [shape for shape in shapes if shape]  # 0-d operands broadcast as they are
-        groups = broadcast_groups(output_shape, tensor_shapes)  # type: ignore[arg-type]
+        groups = broadcast_groups(output_shape, tensor_shapes)
         if exceeds_rank_limit(len(groups)):
             return f"its operands' broadcasting leaves {len(groups)} dim groups > {XNN_MAX_TENSOR_DIMS}"
         rank = len(output_shape)

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from xnnguard.fx_args import int_list
 from xnnguard.passes.high_rank_nodes import (
     HighRankRewritePass,
     high_rank,
@@ -47,7 +48,7 @@ class ReduceRankLayerNormPass(HighRankRewritePass):
         if shape is None or output_shape is None:
             return "dynamic shape: merging dims needs static sizes"
         assert isinstance(x, torch.fx.Node)
-        normalized = [int(size) for size in node.args[1]]  # type: ignore[union-attr]
+        normalized = int_list(node.args[1])
         if exceeds_rank_limit(len(normalized) + 1):
             return f"it normalizes over {len(normalized)} dims: with the rows that is above {XNN_MAX_TENSOR_DIMS}"
         rows = math.prod(shape[: len(shape) - len(normalized)])

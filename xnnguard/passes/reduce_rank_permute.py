@@ -18,6 +18,7 @@ import logging
 
 import torch
 
+from xnnguard.fx_args import int_arg, int_list
 from xnnguard.passes.dim_groups import permute_steps
 from xnnguard.passes.high_rank_nodes import HighRankRewritePass, insert_op, insert_reshape, static_shape, user_kept_out
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
@@ -40,9 +41,9 @@ def permutation_of(node: torch.fx.Node) -> tuple[int, ...] | None:
         return None
     rank = value.dim()
     if node.target in _PERMUTES:
-        return tuple(int(d) % rank for d in node.args[1])  # type: ignore[union-attr]
+        return tuple(d % rank for d in int_list(node.args[1]))
     if node.target in _TRANSPOSES:
-        a, b = (int(d) % rank for d in node.args[1:3])  # type: ignore[call-overload]
+        a, b = (int_arg(d) % rank for d in node.args[1:3])
         perm = list(range(rank))
         perm[a], perm[b] = perm[b], perm[a]
         return tuple(perm)

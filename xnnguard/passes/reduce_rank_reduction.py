@@ -48,10 +48,14 @@ def _reduced_dims(node: torch.fx.Node, rank: int) -> list[int] | None:
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(rank))  # all dims
-    dims = [dims] if isinstance(dims, int) else dims
-    if not all(isinstance(d, int) for d in dims):
+    if isinstance(dims, int):
+        dims = [dims]
+    if not isinstance(dims, (list, tuple)):
         return None
-    return sorted({int(d) % rank for d in dims})
+    ints = [d for d in dims if isinstance(d, int)]
+    if len(ints) != len(dims):
+        return None
+    return sorted({d % rank for d in ints})
 
 
 class ReduceRankReductionPass(HighRankRewritePass):
@@ -79,6 +83,7 @@ class ReduceRankReductionPass(HighRankRewritePass):
         reduced = math.prod(shape[dims[0] : dims[-1] + 1])
         after = math.prod(shape[dims[-1] + 1 :])
         args, kwargs = list(node.args), dict(node.kwargs)
+        new_dim: int | list[int]
         if node.target is _aten.mean.dim and after == 1 and kwargs.get("dtype") is None:
             # XNNPACK's global average pooling: a 4-D mean over dims (2, 3), keepdim
             merged_shape, new_dim = [1, before, reduced, 1], [2, 3]

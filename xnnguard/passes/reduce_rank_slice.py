@@ -14,7 +14,9 @@ import logging
 import math
 
 import torch
+from torch.fx.node import Argument
 
+from xnnguard.fx_args import int_arg
 from xnnguard.passes.high_rank_nodes import (
     HighRankRewritePass,
     high_rank,
@@ -51,11 +53,14 @@ class ReduceRankSlicePass(HighRankRewritePass):
         dim = node.kwargs.get("dim", args[1] if args[1] is not None else 0)
         if not all(isinstance(v, (int, type(None))) for v in (dim, *args[2:])):
             return "its bounds are not constants"
-        dim = int(dim) % len(shape)  # type: ignore[arg-type]
+        dim = int_arg(dim) % len(shape)
         before, after = math.prod(shape[:dim]), math.prod(shape[dim + 1 :])
+        start: Argument
+        end: Argument
+        step: Argument
         if node.target in _NARROWS:  # narrow(dim, start, length) is slice(dim, start, start + length)
-            start = int(args[2]) % shape[dim]  # type: ignore[arg-type]
-            end, step = start + int(args[3]), 1  # type: ignore[arg-type]
+            start = int_arg(args[2]) % shape[dim]
+            end, step = start + int_arg(args[3]), 1
         else:
             start = node.kwargs.get("start", args[2])
             end = node.kwargs.get("end", args[3])
