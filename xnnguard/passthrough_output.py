@@ -39,6 +39,13 @@ def _moves_memory_format_only(node: torch.fx.Node) -> bool:
     return out.dtype == source.dtype and out.shape == source.shape and out.device == source.device
 
 
+def _copied(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose tensor ``node`` copies, for a node ``_moves_memory_format_only`` accepted."""
+    source = node.args[0]
+    assert isinstance(source, torch.fx.Node)
+    return source
+
+
 def _is_output_of(node: torch.fx.Node, partition: Collection[torch.fx.Node]) -> bool:
     return any(user not in partition for user in node.users)
 
@@ -53,10 +60,10 @@ def passthrough_output_violation(node: torch.fx.Node, partition: Collection[torc
     if node not in partition or not _is_output_of(node, partition) or not _moves_memory_format_only(node):
         return None
     chain = [node]
-    source = node.args[0]
+    source = _copied(node)
     while source in partition and _moves_memory_format_only(source):
         chain.append(source)
-        source = source.args[0]
+        source = _copied(source)
     if source in partition or all(_op_name(link) in _CLONES for link in chain):
         return None
     if node.meta["val"].dim_order() != source.meta["val"].dim_order():

@@ -25,6 +25,7 @@ class ConvOperands:
 
 def conv_operands(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> ConvOperands | str:
     """The operands of convolution ``node``, or why its weight or bias is not a constant."""
+    assert callable(node.target)  # the op of a call_function node
     normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
     assert normalized is not None
     weight = attribute_tensor(graph_module, normalized.kwargs["weight"])

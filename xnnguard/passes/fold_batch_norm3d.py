@@ -12,6 +12,7 @@ import logging
 import operator
 
 import torch
+from torch.fx.node import Argument
 
 from xnnguard.conv3d import ConvKind, conv3d_kind
 from xnnguard.passes.node_rewrite import NodeRewritePass
@@ -27,6 +28,13 @@ _BATCH_NORMS = {
     _aten.batch_norm.default: (7, 5),
     _aten._native_batch_norm_legit_no_training.default: (6, None),
 }
+
+
+def _statistic(graph_module: torch.fx.GraphModule, arg: Argument) -> torch.Tensor | None:
+    """A ``Tensor?`` operand of a batch norm as a tensor: None when absent or not a constant of the module."""
+    if isinstance(arg, torch.fx.Node):
+        return attribute_tensor(graph_module, arg)
+    return arg if isinstance(arg, torch.Tensor) else None
 
 
 def _output_node(batch_norm: torch.fx.Node) -> torch.fx.Node | None:
@@ -66,11 +74,8 @@ class FoldBatchNorm3dPass(NodeRewritePass):
         conv = batch_norm.args[0]
         assert isinstance(conv, torch.fx.Node)
         eps_index, _ = _BATCH_NORMS[batch_norm.target]  # type: ignore[index]
-        gamma, beta, mean, var = (
-            attribute_tensor(graph_module, a) if isinstance(a, torch.fx.Node) else a for a in batch_norm.args[1:5]
-        )
-        weight_node = conv.args[1]
-        weight = attribute_tensor(graph_module, weight_node)  # type: ignore[arg-type]
+        gamma, beta, mean, var = (_statistic(graph_module, a) for a in batch_norm.args[1:5])
+        weight = attribute_tensor(graph_module, conv.args[1])
         bias_node = conv.args[2] if len(conv.args) > 2 else conv.kwargs.get("bias")
         bias = attribute_tensor(graph_module, bias_node) if isinstance(bias_node, torch.fx.Node) else None
         if weight is None or mean is None or var is None or (bias_node is not None and bias is None):

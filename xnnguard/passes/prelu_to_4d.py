@@ -32,8 +32,8 @@ def folded_shape(shape: list[int]) -> list[int]:
     return [batch, channels, math.prod(rest[:-1]), rest[-1]]
 
 
-def _static_shape(node: torch.fx.Node) -> list[int] | None:
-    value = node.meta.get("val")
+def _static_shape(node: object) -> list[int] | None:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     if not isinstance(value, torch.Tensor) or not all(isinstance(size, int) for size in value.shape):
         return None
     return [int(size) for size in value.shape]

@@ -132,6 +132,7 @@ class Conv3dGeometry:
 
 def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
     """The geometry of the 3-D convolution ``node``, or the reason it cannot be rewritten."""
+    assert callable(node.target)  # the op of a call_function node
     normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
     if normalized is None:
         return "its arguments could not be normalized"
@@ -164,10 +165,10 @@ def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
     else:
         padding = tuple((p, p) for p in triple(padding_arg))  # type: ignore[assignment]
     return Conv3dGeometry(
-        shapes[0],  # type: ignore[arg-type]
+        shapes[0],
         shapes[1],  # type: ignore[arg-type]
         stride,
-        padding,  # type: ignore[arg-type]
+        padding,
         dilation,
         int(kwargs.get("groups", 1)),
         kwargs.get("bias") is not None,
@@ -281,13 +282,14 @@ def conv3d_as_conv2d(
             folded, padding = _pad_hw(folded, geometry)
             y = F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups)
         else:
-            y = None
+            summed: torch.Tensor | None = None
             for tap in tap_frames:
                 one, padding = _pad_hw(as_cat(tap.reshape(n * run.count, c, h, w)), geometry)
                 weight = next(read)
-                part = F.conv2d(one, weight, bias() if y is None else None, (sh, sw), padding, (dh, dw), groups)
-                y = part if y is None else y + part
-            assert y is not None
+                part = F.conv2d(one, weight, bias() if summed is None else None, (sh, sw), padding, (dh, dw), groups)
+                summed = part if summed is None else summed + part
+            assert summed is not None
+            y = summed
         outputs.append(y.reshape(n, run.count, out_c, ho, wo))
     y = torch.cat(outputs, 1) if len(outputs) > 1 else outputs[0]
     return y.permute(0, 2, 1, 3, 4)

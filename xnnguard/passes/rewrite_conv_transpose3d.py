@@ -71,6 +71,7 @@ class ConvTranspose3dGeometry:
 
 def conv_transpose3d_geometry(node: torch.fx.Node) -> ConvTranspose3dGeometry | str:
     """The geometry of the 3-D transposed convolution ``node``, or why it cannot be rewritten."""
+    assert callable(node.target)  # the op of a call_function node
     normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
     if normalized is None:
         return "its arguments could not be normalized"
@@ -88,7 +89,7 @@ def conv_transpose3d_geometry(node: torch.fx.Node) -> ConvTranspose3dGeometry | 
     if isinstance(kwargs.get("padding", 0), str):
         return f"padding={kwargs['padding']!r}"
     return ConvTranspose3dGeometry(
-        shapes[0],  # type: ignore[arg-type]
+        shapes[0],
         shapes[1],  # type: ignore[arg-type]
         triple(kwargs.get("stride", 1)),
         triple(kwargs.get("padding", 0)),

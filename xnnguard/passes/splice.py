@@ -21,8 +21,8 @@ __all__ = ["attribute_tensor", "drop_unused_attributes", "splice_before"]
 _PREFIX = "_xnnguard_"
 
 
-def attribute_tensor(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor | None:
-    """The tensor a ``get_attr`` node reads, or None when ``node`` is not a ``get_attr``."""
+def attribute_tensor(graph_module: torch.fx.GraphModule, node: object) -> torch.Tensor | None:
+    """The tensor a ``get_attr`` node reads, or None when ``node`` is not a ``get_attr`` (or no node)."""
     if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
         return None
     value = operator.attrgetter(str(node.target))(graph_module)
