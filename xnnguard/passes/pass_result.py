@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
+import torch
 from torch.fx.passes.infra.pass_base import PassResult
 
 from xnnguard.report import KeptOut
@@ -16,7 +18,10 @@ class ReportedPassResult(PassResult):
 
     report: tuple[KeptOut, ...]
 
-    def __new__(cls, graph_module, modified: bool, report: Iterable[KeptOut] = ()) -> ReportedPassResult:  # type: ignore[no-untyped-def]
-        result = super().__new__(cls, graph_module, modified)
+    def __new__(
+        cls, graph_module: torch.nn.Module, modified: bool, report: Iterable[KeptOut] = ()
+    ) -> ReportedPassResult:
+        # torch annotates PassResult.__new__ as returning a PassResult, where it returns an instance of cls
+        result = cast(ReportedPassResult, super().__new__(cls, graph_module, modified))
         result.report = tuple(report)
         return result

@@ -65,6 +65,7 @@ class ReduceRankPass(PassBase):
         report: list[KeptOut] = []
         for rewrite in self.passes:
             result = rewrite(graph_module)
+            assert result is not None, f"{type(rewrite).__name__} returned no PassResult"
             graph_module = result.graph_module
             modified |= result.modified
             report.extend(getattr(result, "report", ()))

@@ -133,7 +133,7 @@ def _example_inputs(ep: ExportedProgram) -> tuple[tuple[object, ...], dict[str, 
             leaves.append(torch.zeros(tuple(value.shape), dtype=value.dtype))
         else:
             leaves.append(value)
-    return pytree.tree_unflatten(leaves, ep.call_spec.in_spec)  # type: ignore[no-any-return]
+    return pytree.tree_unflatten(leaves, ep.call_spec.in_spec)
 
 
 def _dynamic_shapes(ep: ExportedProgram) -> tuple[object, ...] | None:
@@ -157,7 +157,8 @@ def _dynamic_shapes(ep: ExportedProgram) -> tuple[object, ...] | None:
     specs = []
     for value in values:
         if isinstance(value, torch.Tensor):
-            dynamic = {i: dim_of(size) for i, size in enumerate(value.shape) if not isinstance(size, int)}
+            sizes: Sequence[int | torch.SymInt] = value.shape  # typed as ints, it holds SymInts for dynamic dims
+            dynamic = {i: dim_of(size) for i, size in enumerate(sizes) if not isinstance(size, int)}
             specs.append(dynamic or None)
         else:
             specs.append(None)

@@ -24,6 +24,8 @@ def call_like(graph: torch.fx.Graph, origin: torch.fx.Node, target: Any, args: t
         if key in origin.meta:
             node.meta[key] = origin.meta[key]
     fake_args = torch.fx.node.map_arg(args, lambda arg: arg.meta["val"])
-    with detect_fake_mode([arg.meta["val"] for arg in node.all_input_nodes]):
+    fake_mode = detect_fake_mode([arg.meta["val"] for arg in node.all_input_nodes])
+    assert fake_mode is not None, "the inputs of a node of an exported graph have fake values"
+    with fake_mode:
         node.meta["val"] = target(*fake_args)
     return node
