@@ -77,7 +77,9 @@ def _quantization_config(kind: str):  # type: ignore[no-untyped-def]
     return dataclasses.replace(config, output_activation=None) if kind == "static-float-output" else config
 
 
-def _prepare(case: Case, model: torch.nn.Module, inputs: Inputs, *, guarded: bool):
+def _prepare(
+    case: Case, model: torch.nn.Module, inputs: Inputs, *, guarded: bool
+) -> tuple[torch.export.ExportedProgram, torch.Tensor]:
     """Export (and, for quantized cases, quantize with pt2e) the way each side would."""
     model = model.eval()
     ep = torch.export.export(model, inputs)
@@ -91,9 +93,13 @@ def _prepare(case: Case, model: torch.nn.Module, inputs: Inputs, *, guarded: boo
 
     if guarded:
         from xnnguard import XNNPACKQuantizer
+
+        quantizer = XNNPACKQuantizer()
     else:
-        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
-    quantizer = XNNPACKQuantizer().set_global(_quantization_config(case.quantize))
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer as StockXNNPACKQuantizer
+
+        quantizer = StockXNNPACKQuantizer()
+    quantizer = quantizer.set_global(_quantization_config(case.quantize))
     prepared = prepare_pt2e(ep.module(), quantizer)
     prepared(*inputs)
     converted = convert_pt2e(prepared)
@@ -137,10 +143,10 @@ def _lower_and_run(ep: torch.export.ExportedProgram, inputs: Inputs, expected: t
             out = method.call(list(inputs))[0]
         except Exception:
             return Outcome("run error", None, delegated, outside, pte_path)
-    error = (out - expected).abs().max().item()
+    deviation = (out - expected).abs().max().item()
     scale = max(expected.abs().max().item(), 1e-6)
-    verdict = "ok" if error <= 0.02 * scale else f"wrong by {error:.3g}"
-    return Outcome(verdict, error, delegated, outside, pte_path)
+    verdict = "ok" if deviation <= 0.02 * scale else f"wrong by {deviation:.3g}"
+    return Outcome(verdict, deviation, delegated, outside, pte_path)
 
 
 CASES: tuple[Case, ...] = (

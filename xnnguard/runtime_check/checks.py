@@ -136,7 +136,7 @@ def dataflow_problems(graph: XnnGraph, flow: nx.DiGraph, method: str, delegate: 
 
 def extern_id_problems(graph: XnnGraph, calls: tuple[DelegateCall, ...], method: str, delegate: int) -> list[Problem]:
     """Each external id in ``[0, num_externs)`` binds exactly one value to one DelegateCall argument."""
-    at = {"method": method, "delegate": delegate}
+    at = _at(method, delegate, None)
     problems = []
     externals = [v for v in graph.values if v.is_external_input or v.is_external_output]
     uses = Counter(v.external_id for v in externals)

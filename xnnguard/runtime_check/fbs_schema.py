@@ -197,8 +197,8 @@ def _field_def(schema: Schema, name: str, type_name: str, default: str | None, s
         return FieldDef(name, slot, FieldKind.UNION, ref=type_name)
     if type_name in schema.enums:
         base, values = schema.enums[type_name]
-        value = values.get(default, 0) if default is not None else 0
-        return FieldDef(name, slot, FieldKind.SCALAR, scalar_format=SCALAR_FORMATS[base], default=value)
+        member = values.get(default, 0) if default is not None else 0
+        return FieldDef(name, slot, FieldKind.SCALAR, scalar_format=SCALAR_FORMATS[base], default=member)
     if type_name in SCALAR_FORMATS:
         fmt = SCALAR_FORMATS[type_name]
         value: float | int | bool = 0
