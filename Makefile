@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xnnguard-installed
 
-.PHONY: demo test bench clean
+.PHONY: demo lint test bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,11 +16,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m xnnguard.demo
 
-test: $(STAMP)
+# ruff, then mypy over the package (configured in pyproject.toml); `make test` runs it first.
+lint: $(STAMP)
+	$(PY) -m ruff check . && $(PY) -m mypy
+
+test: $(STAMP) lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
