@@ -21,12 +21,14 @@ from xnnguard.report import KeptOut, Rule
 
 __all__ = [
     "LEFT_ABOVE_LIMIT",
+    "NEEDS_STATIC_SIZES",
     "VIEW_OPS",
     "HighRankRewritePass",
     "high_rank",
     "insert_op",
     "insert_reshape",
     "left_high_rank",
+    "static_input",
     "static_shape",
     "user_kept_out",
 ]
@@ -53,6 +55,7 @@ VIEW_OPS = {
     _aten.unsqueeze_copy.default,
 }
 
+
 def static_shape(value: object) -> tuple[int, ...] | None:
     """The static shape of a node's (single tensor) value, or None if unknown or dynamic."""
     meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
@@ -61,6 +64,20 @@ def static_shape(value: object) -> tuple[int, ...] | None:
     if not all(isinstance(size, int) for size in meta.shape):
         return None
     return tuple(int(size) for size in meta.shape)
+
+
+# Why a rank reduction leaves a node with a dynamic size: which dims merge depends on the sizes.
+NEEDS_STATIC_SIZES = "dynamic shape: merging dims needs static sizes"
+
+
+def static_input(node: torch.fx.Node) -> tuple[torch.fx.Node, tuple[int, ...], tuple[int, ...]] | str:
+    """``node``'s tensor operand (its first argument), that operand's static shape and ``node``'s own,
+    or why a rank reduction cannot have them."""
+    x = node.args[0]
+    shape, output_shape = static_shape(x), static_shape(node)
+    if not isinstance(x, torch.fx.Node) or shape is None or output_shape is None:
+        return NEEDS_STATIC_SIZES
+    return x, shape, output_shape
 
 
 def high_rank(node: torch.fx.Node) -> bool:

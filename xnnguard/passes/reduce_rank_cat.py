@@ -17,6 +17,7 @@ import torch
 
 from xnnguard.fx_args import int_arg
 from xnnguard.passes.high_rank_nodes import (
+    NEEDS_STATIC_SIZES,
     HighRankRewritePass,
     high_rank,
     insert_op,
@@ -47,7 +48,7 @@ class ReduceRankCatPass(HighRankRewritePass):
         shapes = [static_shape(x) for x in inputs]
         sized = [(x, shape) for x, shape in zip(inputs, shapes) if isinstance(x, torch.fx.Node) and shape is not None]
         if output_shape is None or len(sized) != len(inputs):  # static_shape is None for a non-node
-            return "dynamic shape: merging dims needs static sizes"
+            return NEEDS_STATIC_SIZES
         rank = len(output_shape)
         dim = int_arg(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % rank
         joined = [(x, shape) for x, shape in sized if len(shape) == rank]

@@ -19,6 +19,7 @@ import torch
 
 from xnnguard.passes.dim_groups import broadcast_groups, grouped_shape
 from xnnguard.passes.high_rank_nodes import (
+    NEEDS_STATIC_SIZES,
     HighRankRewritePass,
     high_rank,
     insert_op,
@@ -62,7 +63,7 @@ class ReduceRankElementwisePass(HighRankRewritePass):
         operands = [arg for arg in node.args if isinstance(arg, torch.fx.Node)]
         shapes = [static_shape(arg) for arg in operands]
         if output_shape is None or any(shape is None for shape in shapes):
-            return "dynamic shape: merging dims needs static sizes"
+            return NEEDS_STATIC_SIZES
         if any(isinstance(value, torch.fx.Node) for value in node.kwargs.values()):
             return "a tensor passed by keyword"
         tensor_shapes = [shape for shape in shapes if shape]  # 0-d operands broadcast as they are

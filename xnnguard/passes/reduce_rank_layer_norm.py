@@ -21,7 +21,7 @@ from xnnguard.passes.high_rank_nodes import (
     high_rank,
     insert_op,
     insert_reshape,
-    static_shape,
+    static_input,
     user_kept_out,
 )
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
@@ -43,11 +43,10 @@ class ReduceRankLayerNormPass(HighRankRewritePass):
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         graph = graph_module.graph
-        x = node.args[0]
-        shape, output_shape = static_shape(x), static_shape(node)
-        if shape is None or output_shape is None:
-            return "dynamic shape: merging dims needs static sizes"
-        assert isinstance(x, torch.fx.Node)
+        operand = static_input(node)
+        if isinstance(operand, str):
+            return operand
+        x, shape, output_shape = operand
         normalized = int_list(node.args[1])
         if exceeds_rank_limit(len(normalized) + 1):
             return f"it normalizes over {len(normalized)} dims: with the rows that is above {XNN_MAX_TENSOR_DIMS}"

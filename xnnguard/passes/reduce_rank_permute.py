@@ -20,7 +20,13 @@ import torch
 
 from xnnguard.fx_args import int_arg, int_list
 from xnnguard.passes.dim_groups import permute_steps
-from xnnguard.passes.high_rank_nodes import HighRankRewritePass, insert_op, insert_reshape, static_shape, user_kept_out
+from xnnguard.passes.high_rank_nodes import (
+    HighRankRewritePass,
+    insert_op,
+    insert_reshape,
+    static_input,
+    user_kept_out,
+)
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 
 __all__ = ["ReduceRankPermutePass", "permutation_of"]
@@ -59,11 +65,10 @@ class ReduceRankPermutePass(HighRankRewritePass):
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         graph = graph_module.graph
-        x = node.args[0]
-        assert isinstance(x, torch.fx.Node)
-        shape, output_shape = static_shape(x), static_shape(node)
-        if shape is None or output_shape is None:
-            return "dynamic shape: merging dims needs static sizes"
+        operand = static_input(node)
+        if isinstance(operand, str):
+            return operand
+        x, shape, output_shape = operand
         perm = permutation_of(node)
         assert perm is not None
         steps = permute_steps(shape, perm, XNN_MAX_TENSOR_DIMS)

@@ -22,7 +22,7 @@ from xnnguard.passes.high_rank_nodes import (
     high_rank,
     insert_op,
     insert_reshape,
-    static_shape,
+    static_input,
     user_kept_out,
 )
 
@@ -44,11 +44,10 @@ class ReduceRankSlicePass(HighRankRewritePass):
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         graph = graph_module.graph
-        x = node.args[0]
-        shape, output_shape = static_shape(x), static_shape(node)
-        if shape is None or output_shape is None:
-            return "dynamic shape: merging dims needs static sizes"
-        assert isinstance(x, torch.fx.Node)
+        operand = static_input(node)
+        if isinstance(operand, str):
+            return operand
+        x, shape, output_shape = operand
         args = list(node.args) + [None] * (5 - len(node.args))
         dim = node.kwargs.get("dim", args[1] if args[1] is not None else 0)
         if not all(isinstance(v, (int, type(None))) for v in (dim, *args[2:])):
