@@ -14,6 +14,7 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from torch.export import Dim
 
 import xnnguard
+from tests.rewrite_support import PRECISIONS, Precision, lower_and_run
 from tests.support import Lowered, lower, run_pte
 from xnnguard.report import Rule
 
@@ -190,3 +191,62 @@ def test_a_round_trip_that_only_feeds_an_op_of_its_partition_stays_delegated() -
     lowered = _lower_and_compare(model, X4, partitioner)
     assert lowered.delegated_ops() == {"_to_dim_order_copy": 2, "add": 1}
     assert partitioner.kept_out == []
+
+
+# --- a partition must not output one value twice ---------------------------------------------------------------
+
+
+class ResidualGroupNorm(torch.nn.Module):
+    """``h`` feeds a delegated add after the (not delegated) group norm and, made contiguous, the group norm:
+    the residual block of video VAEs and 3-D UNets. ``copies=2``: two contiguous copies of one value."""
+
+    def __init__(self, copies: int = 1) -> None:
+        super().__init__()
+        self.copies = copies
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = (x * 2).permute(0, 2, 1, 3, 4)
+        if self.copies == 2:
+            return torch.nn.functional.group_norm(h.contiguous(), 2) + torch.nn.functional.group_norm(h.contiguous(), 1)
+        return h + torch.nn.functional.group_norm(h.contiguous(), 2)
+
+
+X5 = (torch.randn(1, 2, 4, 6, 6),)
+
+
+def test_a_copy_of_another_partition_output_is_not_a_partition_output() -> None:
+    model = ResidualGroupNorm()
+    _stock_lowering_fails(model, X5, "is already in the inputs")
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(model, X5, partitioner)
+    assert lowered.delegated_ops() == {"mul": 1, "permute_copy": 1, "add": 1}
+    (record,) = partitioner.kept_out
+    assert record.rule is Rule.PASSTHROUGH_OUTPUT
+    assert record.reason.startswith("it only copies aten_permute_copy_default, another output of the partition")
+
+
+def test_two_copies_of_one_value_are_not_both_partition_outputs() -> None:
+    model = ResidualGroupNorm(copies=2)
+    _stock_lowering_fails(model, X5, "is already in the inputs")
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(model, X5, partitioner)
+    assert lowered.outside_ops()["_clone_dim_order"] == 2
+    assert [r.rule for r in partitioner.kept_out] == [Rule.PASSTHROUGH_OUTPUT] * 2
+
+
+class Conv3dResBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv3d(4, 8, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(2, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)
+        return h + torch.nn.functional.silu(self.norm(h))
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_rewritten_conv3d_with_a_group_norm_residual_lowers_and_runs(precision: Precision) -> None:
+    lowered, out, reference, tolerance = lower_and_run(Conv3dResBlock().eval(), torch.randn(1, 4, 3, 8, 8), precision)
+    assert lowered.outside_ops()["convolution"] == 0
+    assert float((out - reference).abs().max()) <= tolerance

@@ -1,15 +1,19 @@
-"""An XNNPACK partition must not output a memory-format round trip of one of its inputs.
+"""An XNNPACK partition output must stay a value of its own once XNNPACK drops memory-format copies.
 
 This module is the one place that rule lives. Before serializing a delegate, ExecuTorch 1.5.1 drops the
 copies that only move a tensor between memory formats (``XNNPACKRemoveCloneOpsTransform``,
 ``DimOrderOpsRevertPass``, then ``RemoveRedundantCopyPass`` removes a channels-last copy followed by a
-contiguous one). When such a chain leads from a partition input straight to a partition output, the
-output becomes the input itself, and the delegate fails to lower: "Output node '...' is already in the
-inputs. This is likely due to pass through arguments, which are not supported in XNNPACK Delegate".
-``x.to(memory_format=torch.channels_last).contiguous()`` returned from a model is enough.
+contiguous one). An output made by such a chain becomes the chain's source, and the delegate fails to
+lower ("Output node '...' is already in the inputs. This is likely due to pass through arguments, which
+are not supported in XNNPACK Delegate") when that source is
 
-The rule is about a partition, not a node alone: the same round trip between two ops of one partition
-lowers fine. It answers for an output node of a given partition.
+* a partition input: ``x.to(memory_format=torch.channels_last).contiguous()`` returned from a model;
+* another output of the partition, or the source of one that comes earlier: ``h = x.permute(...)`` read
+  both by a delegated op after a non-delegated one and, made contiguous, by the non-delegated op
+  (``h + group_norm(h.contiguous())``, the residual block of every video VAE and 3-D UNet).
+
+The rule is about a partition, not a node alone: the same copies between two ops of one partition lower
+fine. It answers for an output node of a given partition.
 """
 
 from __future__ import annotations
@@ -50,25 +54,52 @@ def _is_output_of(node: torch.fx.Node, partition: Collection[torch.fx.Node]) -> 
     return any(user not in partition for user in node.users)
 
 
-def passthrough_output_violation(node: torch.fx.Node, partition: Collection[torch.fx.Node]) -> str | None:
-    """Why ``node`` cannot be an output of ``partition`` (a set of nodes that contains it), or None.
+def _source(node: torch.fx.Node, partition: Collection[torch.fx.Node]) -> tuple[torch.fx.Node, bool] | None:
+    """What the output ``node`` becomes once XNNPACK drops the copies it is made by, and whether those
+    copies are clones only; None when ``node`` stays a value of its own.
 
-    It cannot when it is the end of a chain of memory-format copies inside the partition that starts at
-    a partition input and ends in that input's own dim order. A chain of clones alone is fine: XNNPACK
-    keeps a clone that copies a delegate input to a delegate output.
+    The copies are the chain of memory-format-only copies inside ``partition`` that ends at ``node``;
+    XNNPACK drops them when the chain ends in the dim order it started from.
     """
-    if node not in partition or not _is_output_of(node, partition) or not _moves_memory_format_only(node):
+    if not _moves_memory_format_only(node):
         return None
     chain = [node]
     source = _copied(node)
     while source in partition and _moves_memory_format_only(source):
         chain.append(source)
         source = _copied(source)
-    if source in partition or all(_op_name(link) in _CLONES for link in chain):
-        return None
     if node.meta["val"].dim_order() != source.meta["val"].dim_order():
         return None
-    return (
-        f"it only moves the partition input {source.name} between memory formats and back: XNNPACK "
-        "removes such copies, and a delegate cannot output its own input"
-    )
+    return source, all(_op_name(link) in _CLONES for link in chain)
+
+
+def passthrough_output_violation(node: torch.fx.Node, partition: Collection[torch.fx.Node]) -> str | None:
+    """Why ``node`` cannot be an output of ``partition`` (a set of nodes that contains it), or None."""
+    if node not in partition or not _is_output_of(node, partition):
+        return None
+    found = _source(node, partition)
+    if found is None:
+        return None
+    source, clones_only = found
+    if source not in partition:
+        if clones_only:  # XNNPACK keeps a clone that copies a delegate input to a delegate output
+            return None
+        return (
+            f"it only moves the partition input {source.name} between memory formats and back: XNNPACK "
+            "removes such copies, and a delegate cannot output its own input"
+        )
+    if _is_output_of(source, partition):
+        return (
+            f"it only copies {source.name}, another output of the partition: XNNPACK removes the copy, "
+            "and a delegate cannot output one value twice"
+        )
+    for other in node.graph.nodes:
+        if other is node:
+            return None
+        found = _source(other, partition) if other in partition and _is_output_of(other, partition) else None
+        if found is not None and found[0] is source:
+            return (
+                f"it only copies {source.name}, as the partition output {other.name} does: XNNPACK removes "
+                "both copies, and a delegate cannot output one value twice"
+            )
+    return None
