@@ -159,6 +159,28 @@ def test_qwen2_vl_patch_embedding_runs_as_one_delegated_linear(precision: str) -
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
+class R3dShortcut(torch.nn.Module):
+    """A conv block followed by ResNet-3D's downsampling shortcut, a 1x1x1 conv of stride 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv3d(4, 8, 3, padding=1)
+        self.shortcut = torch.nn.Conv3d(8, 16, 1, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shortcut(torch.relu(self.conv(x)))
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_strided_pointwise_conv_after_a_quantized_op_stays_in_one_delegate(precision: str) -> None:
+    """Its conv input is a cat of two halves of one frame (``conv_input_cat``): under static int8 those
+    halves must keep their input's qparams, or XNNPACK leaves them out and the delegate splits."""
+    torch.manual_seed(0)
+    lowered, out, reference, tolerance = lower_and_run(R3dShortcut().eval(), torch.randn(1, 4, 4, 8, 8), precision)  # type: ignore[arg-type]
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
 def test_a_frame_wise_conv_runs_dynamically_quantized() -> None:
     """Kernel depth 1 (R(2+1)D's spatial conv): the conv input must come from a cat for 1.5.1's NHWC pass."""
     torch.manual_seed(0)

@@ -23,4 +23,8 @@ def as_cat(x: torch.Tensor) -> torch.Tensor:
     if size < 2:
         return x
     half = size // 2
-    return torch.cat([x.narrow(dim, 0, half), x.narrow(dim, half, size - half)], dim)
+    # Slices, not ``narrow``: the XNNPACK quantizer gives a slice its input's qparams and leaves a narrow
+    # unannotated, whose output then gets the cat's own; XNNPACK does not take a quantized slice whose
+    # input and output qparams differ, so static int8 would split the delegate at every such cat.
+    before = (slice(None),) * dim
+    return torch.cat([x[(*before, slice(0, half))], x[(*before, slice(half, size))]], dim)
