@@ -72,13 +72,13 @@ _orphaned = frozenset({"unwritten_output", "extern_ids"})
 
 CORPUS: dict[str, Entry] = {
     "stock_rank7": Entry(_rank7, None, False, frozenset({"rank"})),
-    "stock_qconv3d_relu": Entry(_conv3d, _per_tensor, False, _orphaned),
+    "stock_qconv3d_relu": Entry(_conv3d, _per_tensor, False, _orphaned | {"unsupported_input"}),
     "stock_qconv2d_float_output": Entry(_conv2d, _float_output, False, _orphaned),
     "stock_maxpool3d": Entry(_seeded(MaxPool3d, 1, 2, 4, 4, 4), None, False, frozenset({"missing_kernel"})),
     "stock_float_conv_linear": Entry(_conv_linear, None, False, frozenset()),
     "stock_qconv_linear": Entry(_conv_linear, lambda: xnnpack_quantizer(per_channel=True), False, frozenset()),
     "guarded_rank7": Entry(_rank7, None, True, frozenset()),
-    "guarded_qconv3d_relu": Entry(_conv3d, _per_tensor, True, frozenset()),
+    "guarded_qconv3d_relu": Entry(_conv3d, _per_tensor, True, frozenset({"unsupported_input"})),
     "guarded_qconv2d_float_output": Entry(_conv2d, _float_output, True, frozenset()),
 }
 

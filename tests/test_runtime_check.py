@@ -55,6 +55,31 @@ def test_an_operator_without_kernel_is_named() -> None:
     assert (problem.kind, problem.op) == ("missing_kernel", "aten::max_pool3d_with_indices.out")
 
 
+def test_a_3d_convolution_outside_xnnpack_is_reported_before_it_runs() -> None:
+    (problem,) = verify_pte(program("guarded_qconv3d_relu")).problems
+    assert (problem.kind, problem.method, problem.op) == ("unsupported_input", "forward", "aten::convolution.out")
+    assert problem.dims == (1, 3, 4, 6, 6)
+    assert "kernel for aten::convolution.out computes 1-D and 2-D convolutions only" in problem.message
+
+
+def _portable_program(model: torch.nn.Module, x: torch.Tensor) -> bytes:
+    """``model`` lowered with no partitioner: every op on ExecuTorch's portable kernels."""
+    from executorch.exir import to_edge
+
+    return to_edge(torch.export.export(model.eval(), (x,))).to_executorch().buffer
+
+
+def test_a_2d_convolution_on_the_portable_kernel_is_fine() -> None:
+    report = verify_pte(_portable_program(torch.nn.Conv2d(3, 4, 3), torch.randn(1, 3, 8, 8)))
+    assert report.ok, str(report)
+
+
+def test_the_3d_convolution_check_is_a_kernel_check() -> None:
+    buffer = _portable_program(torch.nn.Conv3d(3, 4, 3), torch.randn(1, 3, 4, 6, 6))
+    assert verify_pte(buffer).kinds() == {"unsupported_input"}
+    assert verify_pte(buffer, kernels=False).ok
+
+
 def test_the_report_counts_what_was_checked() -> None:
     report = verify_pte(program("stock_qconv3d_relu"))
     assert (report.methods, report.delegates, report.nodes, report.values) == (1, 2, 3, 5)

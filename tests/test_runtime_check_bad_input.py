@@ -15,7 +15,15 @@ import pytest
 from tests.runtime_check_corpus import program, write_program
 from xnnguard.runtime_check import PteReadError, Report, verify_pte
 
-KNOWN_KINDS = {"rank", "unwritten_value", "unwritten_output", "extern_ids", "blob_format", "missing_kernel"}
+KNOWN_KINDS = {
+    "rank",
+    "unwritten_value",
+    "unwritten_output",
+    "extern_ids",
+    "blob_format",
+    "missing_kernel",
+    "unsupported_input",
+}
 FUZZ_SOURCES = ["stock_rank7", "stock_qconv3d_relu", "stock_qconv_linear"]
 MUTATIONS_PER_SOURCE = 400  # 1,200 in all
 

@@ -3,16 +3,35 @@
 This module is the one place that rule lives. The weight's rank is what the XNNPACK partitioner sees
 (stride, padding and dilation may be single values that ATen broadcasts), and it is the same in every
 dialect the library meets: a pt2e graph (``aten.conv3d``, ``aten.conv_transpose3d.input``), an
-exported program (``aten.convolution``) and an edge program (``aten.convolution`` edge op).
+exported program (``aten.convolution``) and an edge program (``aten.convolution`` edge op), and in a
+serialized program, where the verifier reads it off the kernel call's weight argument. torch is
+imported only by the functions that look at graph nodes, so the verifier can ask this module without it.
 """
 
 from __future__ import annotations
 
 from enum import Enum
+from functools import cache
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-__all__ = ["ConvKind", "conv3d_kind", "is_3d_convolution", "is_3d_convolution_operator"]
+__all__ = [
+    "CONV3D_WEIGHT_RANK",
+    "ConvKind",
+    "conv3d_kind",
+    "is_3d_convolution",
+    "is_3d_convolution_operator",
+    "is_3d_convolution_weight",
+]
+
+CONV3D_WEIGHT_RANK = 5  # (out, in / groups, depth, height, width); transposed: (in, out / groups, ...)
+
+
+def is_3d_convolution_weight(weight_rank: int) -> bool:
+    """True when a convolution with a weight of ``weight_rank`` dims is 3-D (transposed or not)."""
+    return weight_rank == CONV3D_WEIGHT_RANK
 
 _CONV_TARGET_NAMES = frozenset(
     {
@@ -64,8 +83,10 @@ def conv3d_kind(node: torch.fx.Node) -> ConvKind | None:
     if op_name is None or len(node.args) < 2:
         return None
     weight = node.args[1]
+    import torch
+
     value = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
-    if not isinstance(value, torch.Tensor) or value.dim() != 5:
+    if not isinstance(value, torch.Tensor) or not is_3d_convolution_weight(value.dim()):
         return None
     return ConvKind.CONV_TRANSPOSE3D if _is_transposed(node, op_name) else ConvKind.CONV3D
 
@@ -75,7 +96,11 @@ def is_3d_convolution(node: torch.fx.Node) -> bool:
     return conv3d_kind(node) is not None
 
 
-_3D_CONVOLUTION_OPERATORS = frozenset({torch.ops.aten.conv3d, torch.ops.aten.conv_transpose3d})
+@cache
+def _3d_convolution_operators() -> frozenset[object]:
+    import torch
+
+    return frozenset({torch.ops.aten.conv3d, torch.ops.aten.conv_transpose3d})
 
 
 def is_3d_convolution_operator(operator: object) -> bool:
@@ -85,5 +110,7 @@ def is_3d_convolution_operator(operator: object) -> bool:
     node whose weight could be looked at. Packets and their overloads (``conv_transpose3d.input``)
     alike; ``aten.convolution`` serves every rank, so it is not one.
     """
+    import torch
+
     packet = getattr(operator, "overloadpacket", operator)
-    return isinstance(packet, torch._ops.OpOverloadPacket) and packet in _3D_CONVOLUTION_OPERATORS
+    return isinstance(packet, torch._ops.OpOverloadPacket) and packet in _3d_convolution_operators()

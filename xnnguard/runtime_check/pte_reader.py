@@ -19,7 +19,17 @@ from typing import Any
 from xnnguard.runtime_check.fbs_schema import Schema, executorch_schema
 from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView, root_table
 
-__all__ = ["Delegate", "DelegateCall", "Method", "PteReadError", "PteSource", "open_pte", "read_methods", "source_name"]
+__all__ = [
+    "Delegate",
+    "DelegateCall",
+    "KernelCall",
+    "Method",
+    "PteReadError",
+    "PteSource",
+    "open_pte",
+    "read_methods",
+    "source_name",
+]
 
 PteSource = str | os.PathLike | bytes | bytearray | memoryview
 
@@ -56,10 +66,21 @@ class Delegate:
 
 
 @dataclass(frozen=True)
+class KernelCall:
+    """One call of an operator outside the delegates: its arguments (EValue indices) and, for each, the
+    sizes of the tensor it is (None for a non-tensor)."""
+
+    operator: str  # "aten::convolution.out"
+    args: tuple[int, ...]
+    arg_dims: tuple[tuple[int, ...] | None, ...]
+
+
+@dataclass(frozen=True)
 class Method:
     name: str
     delegates: tuple[Delegate, ...]
     kernel_operators: tuple[str, ...]  # "aten::add.out" for each operator a KernelCall uses, first use first
+    kernel_calls: tuple[KernelCall, ...] = ()
 
 
 def _program_schema() -> Schema:
@@ -161,6 +182,13 @@ def _is_planned_tensor(values: list[TableView], index: int) -> bool:
     return kind == "Tensor" and tensor is not None and tensor.has("allocation_info")
 
 
+def _tensor_dims(values: list[TableView], index: int) -> tuple[int, ...] | None:
+    if not 0 <= index < len(values):
+        raise FlatbufferError(f"an instruction uses value {index}, the plan has {len(values)}")
+    kind, tensor = values[index].union("val")
+    return tuple(tensor.scalars("sizes")) if kind == "Tensor" and tensor is not None else None
+
+
 def _delegate_call(args: tuple[int, ...], values: list[TableView], known: set[int]) -> DelegateCall:
     num_inputs = len(args)
     while num_inputs and args[num_inputs - 1] not in known and _is_planned_tensor(values, args[num_inputs - 1]):
@@ -190,6 +218,7 @@ def _method(plan: TableView, program: TableView, segment_base: int, name: str) -
     values = plan.tables("values")
     known = set(plan.scalars("inputs"))  # values that exist before the instruction at hand
     calls: dict[int, list[DelegateCall]] = {}
+    kernel_calls: list[KernelCall] = []
     used_operators: dict[str, None] = {}
     for chain in plan.tables("chains"):
         for instruction in chain.tables("instructions"):
@@ -204,6 +233,9 @@ def _method(plan: TableView, program: TableView, segment_base: int, name: str) -
                 if not 0 <= op_index < len(operators):
                     raise FlatbufferError(f"kernel call of operator {op_index}, the plan has {len(operators)}")
                 used_operators[operators[op_index]] = None
+                call_args = args.scalars("args")
+                dims = tuple(_tensor_dims(values, index) for index in call_args)
+                kernel_calls.append(KernelCall(operators[op_index], call_args, dims))
             known.update(_mentioned_values(kind, args))
     delegates = tuple(
         Delegate(
@@ -214,7 +246,7 @@ def _method(plan: TableView, program: TableView, segment_base: int, name: str) -
         )
         for index, delegate in enumerate(plan.tables("delegates"))
     )
-    return Method(plan.string("name"), delegates, tuple(used_operators))
+    return Method(plan.string("name"), delegates, tuple(used_operators), tuple(kernel_calls))
 
 
 def read_methods(buffer: Any, name: str) -> list[Method]:

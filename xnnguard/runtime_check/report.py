@@ -17,8 +17,9 @@ class Problem:
     """One thing that will go wrong on device.
 
     ``kind`` says which check found it (``"rank"``, ``"unwritten_value"``, ``"unwritten_output"``,
-    ``"extern_ids"``, ``"blob_format"``, ``"missing_kernel"``, ``"load"``, ``"run"``); ``message`` says in a
-    sentence what and what will happen. The other fields locate it; None where they do not apply.
+    ``"extern_ids"``, ``"blob_format"``, ``"missing_kernel"``, ``"unsupported_input"``, ``"load"``,
+    ``"run"``); ``message`` says in a sentence what and what will happen. The other fields locate it;
+    None where they do not apply.
     """
 
     kind: str

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from xnnguard.runtime_check.checks import delegate_problems
+from xnnguard.runtime_check.kernel_limits import unsupported_input_problems
 from xnnguard.runtime_check.missing_kernels import missing_kernel_problems, registered_operators
 from xnnguard.runtime_check.pte_reader import PteReadError, PteSource, open_pte, read_methods, source_name
 from xnnguard.runtime_check.report import Problem, Report
@@ -41,7 +42,8 @@ def verify_pte(source: PteSource, *, load: bool = False, run: bool = False, kern
 
     Static checks: tensor ranks, dataflow (values read but never written, outputs never written) and
     external ids, per method and delegate; with ``kernels``, operators outside the delegates that the
-    installed runtime has no kernel for. ``load`` also loads each method with the real runtime, ``run``
+    installed runtime has no kernel for, or a kernel that cannot take their arguments (a 3-D
+    convolution on the portable kernel). ``load`` also loads each method with the real runtime, ``run``
     also executes it once on generated inputs; their log lines go into ``Report.runtime_log``.
 
     Raises ``PteReadError`` (naming the input and the damage) when ``source`` is not a readable program.
@@ -72,6 +74,9 @@ def verify_pte(source: PteSource, *, load: bool = False, run: bool = False, kern
     if registered is not None:
         for method in methods:
             problems += missing_kernel_problems(method, registered)
+    if kernels:
+        for method in methods:
+            problems += unsupported_input_problems(method)
     report = Report(
         source=name,
         problems=tuple(problems),

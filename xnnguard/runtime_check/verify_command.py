@@ -63,7 +63,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         help="check .pte files: every XNNPACK delegate, statically, and optionally with the real runtime",
         description="Check ExecuTorch .pte files for XNNPACK delegates that will fail on device: tensors above "
         "6 dims, values or outputs nothing writes (orphaned implicit q/dq), broken external ids, operators "
-        "without a kernel. Reads only the program and the delegate graphs, never the weights.",
+        "without a kernel or whose kernel cannot take their inputs (a 3-D convolution outside XNNPACK). "
+        "Reads only the program and the delegate graphs, never the weights.",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
