@@ -7,10 +7,11 @@ import torch
 from executorch.exir import to_edge_transform_and_lower
 from hypothesis import given, settings, strategies as st
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import xnnguard
 from tests.rewrite_support import PRECISIONS, assert_within_rank_limit, lower_and_run, ops, rewritten
-from tests.support import run_pte
+from tests.support import run_pte, xnnpack_quantizer
 from xnnguard.passes import DO_NOT_DELEGATE
 from xnnguard.passes.rewrite_conv3d import Conv3dGeometry, RewriteConv3dPass, conv2d_constants, conv3d_as_conv2d
 from xnnguard.passes.rewrite_for_xnnpack import RewriteError, XnnpackRewriter, rewrite_for_xnnpack
@@ -212,6 +213,40 @@ def test_a_conv_with_a_dynamic_depth_is_left_tagged_and_reported() -> None:
     longer = torch.randn(1, 3, 11, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(result.module()(longer), conv(longer))
+
+
+PATCHES = ({0: torch.export.Dim("patches", min=2, max=1024)},)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_patch_embedding_with_a_dynamic_number_of_patches_runs_as_one_delegated_linear(precision: str) -> None:
+    """Qwen2-VL exported the way it is used: the number of patches depends on the image."""
+    torch.manual_seed(0)
+    model, x = Qwen2VLPatchEmbed().eval(), torch.randn(32, 3 * 2 * 14 * 14)
+    ep = rewrite_for_xnnpack(torch.export.export(model, (x,), dynamic_shapes=PATCHES))
+    reference: torch.nn.Module = model
+    if precision != "float":
+        quantizer = xnnpack_quantizer(per_channel=True, dynamic=precision == "dynamic int8")
+        prepared = prepare_pt2e(ep.module(), quantizer)  # type: ignore[arg-type]
+        prepared(x)
+        reference = convert_pt2e(prepared)
+        ep = torch.export.export(reference, (x,), dynamic_shapes=PATCHES)
+    program = to_edge_transform_and_lower(ep, partitioner=[xnnguard.XnnpackPartitioner()]).to_executorch()
+    assert "aten::convolution.out" not in str(program.exported_program().graph_module.code)
+    for patches in (32, 7):
+        x = torch.randn(patches, 3 * 2 * 14 * 14)
+        expected = reference(x)
+        tolerance = 1e-4 if precision == "float" else 2 * float((expected - model(x)).abs().max())
+        torch.testing.assert_close(run_pte(program.buffer, (x,))[0], expected, atol=tolerance, rtol=0)
+
+
+def test_a_conv_with_a_dynamic_batch_that_is_not_one_patch_is_left_and_reported() -> None:
+    conv = torch.nn.Conv3d(3, 4, 3).eval()
+    ep = torch.export.export(conv, (torch.randn(2, 3, 4, 6, 6),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    rewriter = XnnpackRewriter()
+    rewriter(ep)
+    (record,) = rewriter.report
+    assert record.rule is Rule.CONV3D and "dynamic batch: only a one-patch" in record.reason
 
 
 def test_pass_leaves_a_graph_without_3d_convs_unchanged() -> None:

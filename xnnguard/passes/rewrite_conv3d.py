@@ -7,7 +7,8 @@ convolution has none either, so without this a video model cannot run at all.
 
 Three forms, cheapest first:
 
-* **one patch** (the input is exactly one kernel window, e.g. Qwen2-VL's patch embedding): a linear;
+* **one patch** (the input is exactly one kernel window, e.g. Qwen2-VL's patch embedding): a linear,
+  also with a dynamic batch (the patch count of an image), the only form that keeps one;
 * **depth tiles** (depth stride == kernel depth, no depth padding, no dilation; also kernel depth 1 with
   stride 1): one 6-D permute folds each window's frames into channels, then one conv2d;
 * **general**: output frames are grouped into runs that see the same kernel taps (the padding only
@@ -22,21 +23,24 @@ that 1.5.1 can also lower it dynamically quantized.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from torch._guards import detect_fake_mode
 from torch.fx.operator_schemas import normalize_function
 
 from xnnguard.conv3d import ConvKind, conv3d_kind
 from xnnguard.passes.conv_input_cat import as_cat
-from xnnguard.passes.conv_operands import conv_operands
+from xnnguard.passes.conv_operands import ConvOperands, conv_operands
 from xnnguard.passes.node_rewrite import NodeRewritePass
 from xnnguard.passes.size_args import triple
-from xnnguard.passes.splice import splice_before
+from xnnguard.passes.splice import constant_attribute, splice_before
 from xnnguard.passes.strided_select import select_every
+from xnnguard.passes.traced_call import call_like
 from xnnguard.report import Rule
 
 __all__ = ["Conv3dGeometry", "RewriteConv3dPass", "conv2d_constants", "conv3d_as_conv2d", "conv3d_geometry"]
@@ -44,6 +48,8 @@ __all__ = ["Conv3dGeometry", "RewriteConv3dPass", "conv2d_constants", "conv3d_as
 logger = logging.getLogger("xnnguard.rewrite")
 
 DepthTaps = Literal["fold", "sum"]
+
+_aten = torch.ops.aten
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class Conv3dGeometry:
     dilation: tuple[int, int, int]
     groups: int
     has_bias: bool = False
+    dynamic_batch: bool = False  # input_shape[0] then stands in for a symbolic batch (the forms ignore it)
 
     @property
     def output_shape(self) -> tuple[int, int, int, int, int]:
@@ -139,13 +146,17 @@ def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
     kwargs = normalized.kwargs
     x, weight = kwargs["input"], kwargs["weight"]
     shapes = []
+    dynamic_batch = False
     for value in (x, weight):
         meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
         if not isinstance(meta, torch.Tensor):
             return "an input has no shape information"
-        if not all(isinstance(s, int) for s in meta.shape):
+        sizes = list(meta.shape)
+        if value is x and len(sizes) == 5 and not isinstance(sizes[0], int):
+            dynamic_batch, sizes[0] = True, 1
+        if not all(isinstance(s, int) for s in sizes):
             return f"dynamic shape {tuple(meta.shape)}: the depth folding needs static sizes"
-        shapes.append(tuple(int(s) for s in meta.shape))
+        shapes.append(tuple(int(s) for s in sizes))
     if len(shapes[0]) != 5:
         return f"unbatched input of rank {len(shapes[0])}"
     if kwargs.get("transposed", False):
@@ -172,6 +183,7 @@ def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
         dilation,
         int(kwargs.get("groups", 1)),
         kwargs.get("bias") is not None,
+        dynamic_batch,
     )
 
 
@@ -295,6 +307,34 @@ def conv3d_as_conv2d(
     return y.permute(0, 2, 1, 3, 4)
 
 
+def _one_patch_linear(
+    graph_module: torch.fx.GraphModule, node: torch.fx.Node, operands: ConvOperands, geometry: Conv3dGeometry
+) -> torch.fx.Node:
+    """The one-patch form inserted op by op, so that the batch may stay symbolic (``splice_before``
+    traces static shapes): a patch embedding exported with a dynamic number of patches (Qwen2-VL)."""
+    graph = graph_module.graph
+    _, c, *window = geometry.input_shape
+    out_c, _, *kernel = geometry.weight_shape
+    fake_mode = detect_fake_mode([operands.input.meta["val"]])
+    assert fake_mode is not None, "the nodes of an exported graph have fake values"
+
+    def constant(tensor: torch.Tensor, index: int) -> torch.fx.Node:
+        attr = constant_attribute(graph_module, f"{node.name}_{index}", tensor)
+        attr.meta["val"] = fake_mode.from_tensor(attr.meta["val"], static_shapes=True)
+        return attr
+
+    with graph.inserting_before(node):
+        x = operands.input
+        for dim, (size, k) in enumerate(zip(window, kernel), start=2):
+            if size != k:
+                x = call_like(graph, node, _aten.slice.Tensor, (x, dim, 0, k))
+        flat = call_like(graph, node, _aten.reshape.default, (x, [-1, c * math.prod(kernel)]))
+        weight = constant(operands.weight.reshape(out_c, -1), 0)
+        bias = [constant(operands.bias, 1)] if operands.bias is not None else []
+        y = call_like(graph, node, _aten.linear.default, (flat, weight, *bias))
+        return call_like(graph, node, _aten.reshape.default, (y, [-1, out_c, 1, 1, 1]))
+
+
 class RewriteConv3dPass(NodeRewritePass):
     """Replaces each 3-D convolution by conv2d/linear ops; what it cannot replace it tags and reports.
 
@@ -319,6 +359,15 @@ class RewriteConv3dPass(NodeRewritePass):
         operands = conv_operands(graph_module, node)
         if isinstance(operands, str):
             return operands
+        if geometry.dynamic_batch:
+            if geometry.form != "one patch":
+                return (
+                    "dynamic batch: only a one-patch 3-D convolution (a linear, e.g. a patch embedding) is "
+                    "rewritten with a dynamic batch; the other forms fold the batch into the frames"
+                )
+            node.replace_all_uses_with(_one_patch_linear(graph_module, node, operands, geometry))
+            logger.debug("%s: 3-D convolution rewritten (one patch, dynamic batch)", node.name)
+            return None
         depth_taps = self.depth_taps
         constants = conv2d_constants(operands.weight, operands.bias, geometry, depth_taps)
 

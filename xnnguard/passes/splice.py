@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-__all__ = ["attribute_tensor", "drop_unused_attributes", "splice_before"]
+__all__ = ["attribute_tensor", "constant_attribute", "drop_unused_attributes", "splice_before"]
 
 _PREFIX = "_xnnguard_"
 
@@ -29,7 +29,8 @@ def attribute_tensor(graph_module: torch.fx.GraphModule, node: object) -> torch.
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _register(graph_module: torch.fx.GraphModule, base: str, tensor: torch.Tensor) -> torch.fx.Node:
+def constant_attribute(graph_module: torch.fx.GraphModule, base: str, tensor: torch.Tensor) -> torch.fx.Node:
+    """A ``get_attr`` node (at the insertion point) of ``tensor``, registered under a new name from ``base``."""
     name = f"{_PREFIX}{base}"
     suffix = 0
     while hasattr(graph_module, name):
@@ -68,7 +69,9 @@ def splice_before(
     graph = graph_module.graph
     with graph.inserting_before(node):
         arguments = [
-            value if isinstance(value, torch.fx.Node) else _register(graph_module, f"{node.name}_{index}", value)
+            value
+            if isinstance(value, torch.fx.Node)
+            else constant_attribute(graph_module, f"{node.name}_{index}", value)
             for index, value in enumerate(inputs)
         ]
         placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
