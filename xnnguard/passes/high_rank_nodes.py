@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 from xnnguard.passes.do_not_delegate import op_name, tag_of
 from xnnguard.passes.node_rewrite import NodeRewritePass
+from xnnguard.passes.traced_call import call_like
 from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 from xnnguard.report import KeptOut, Rule
 
@@ -94,10 +95,6 @@ def user_kept_out(node: torch.fx.Node) -> bool:
     return bool(tag_of(node))
 
 
-def _value(arg: object) -> object:
-    return arg.meta["val"] if isinstance(arg, torch.fx.Node) else arg
-
-
 def insert_op(
     graph: torch.fx.Graph,
     target: object,
@@ -105,21 +102,9 @@ def insert_op(
     kwargs: Mapping[str, object] | None = None,
     like: torch.fx.Node | None = None,
 ) -> torch.fx.Node:
-    """Insert ``target(*args, **kwargs)`` at the graph's insertion point, with its fake ``meta["val"]``.
-
-    ``like`` lends its provenance (``nn_module_stack``, ``stack_trace``) so quantizer filters by module
-    still find the new node.
-    """
-    kwargs = dict(kwargs or {})
-    fake_args = pytree.tree_map_only(torch.fx.Node, _value, (tuple(args), kwargs))
-    value = target(*fake_args[0], **fake_args[1])  # type: ignore[operator]
-    node = graph.call_function(target, tuple(args), kwargs)  # type: ignore[arg-type]
-    node.meta["val"] = value
-    if like is not None:
-        for key in ("nn_module_stack", "stack_trace", "source_fn_stack"):
-            if key in like.meta:
-                node.meta[key] = like.meta[key]
-    return node
+    """Insert ``target(*args, **kwargs)`` at the graph's insertion point, with its fake ``meta["val"]``
+    and ``like``'s provenance (``xnnguard.passes.traced_call``)."""
+    return call_like(graph, like, target, args, kwargs)
 
 
 def insert_reshape(
