@@ -293,16 +293,26 @@ def test_a_failing_pass_is_named_in_a_clear_error() -> None:
         XnnpackRewriter([RewriteConv3dPass(), Broken()])(ep)
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_weight_normalized_conv3d_is_rewritten_with_its_computed_weight(precision: str) -> None:
+    """Video VAEs wrap their convs in weight norm: the weight is ``_weight_norm`` of two parameters."""
+    torch.manual_seed(0)
+    conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv3d(4, 8, 3, padding=1))
+    lowered, out, reference, tolerance = lower_and_run(conv.eval(), torch.randn(1, 4, 3, 6, 6), precision)  # type: ignore[arg-type]
+    assert lowered.outside_ops() == {}
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
 def test_rewrite_for_xnnpack_names_what_it_takes_when_given_a_module() -> None:
     with pytest.raises(TypeError, match=r"takes a torch\.export\.ExportedProgram, not Conv3d"):
         rewrite_for_xnnpack(torch.nn.Conv3d(1, 1, 1))
 
 
-def test_a_conv3d_whose_weight_is_not_a_parameter_is_left_and_reported() -> None:
+def test_a_conv3d_whose_weight_is_a_graph_input_is_left_and_reported() -> None:
     # On a lifted graph (ExportedProgram.graph_module) the weight is a placeholder, not a module attribute.
     ep = torch.export.export(torch.nn.Conv3d(2, 4, 3).eval(), (torch.randn(1, 2, 4, 6, 6),))
     result = RewriteConv3dPass()(ep.graph_module)
     assert not result.modified
     (record,) = result.report
     assert record.rule is Rule.CONV3D
-    assert record.reason == "3-D convolution not rewritten: its weight is not a parameter of the module"
+    assert record.reason == "3-D convolution not rewritten: its weight is not computed from parameters alone"
