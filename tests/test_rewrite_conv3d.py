@@ -303,6 +303,25 @@ def test_a_weight_normalized_conv3d_is_rewritten_with_its_computed_weight(precis
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
+class NoisyWeightConv3d(torch.nn.Module):
+    """A weight computed anew on every call (here: from noise) is not a constant, however it is built."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 2, 3, 3, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv3d(x, self.weight + torch.randn(4, 2, 3, 3, 3))
+
+
+def test_a_conv3d_whose_weight_is_random_on_every_call_is_left_and_reported() -> None:
+    ep = torch.export.export(NoisyWeightConv3d(), (torch.randn(1, 2, 4, 6, 6),))
+    rewriter = XnnpackRewriter()
+    rewriter(ep)
+    (record,) = rewriter.report
+    assert record.reason == "3-D convolution not rewritten: its weight is not computed from parameters alone"
+
+
 def test_rewrite_for_xnnpack_names_what_it_takes_when_given_a_module() -> None:
     with pytest.raises(TypeError, match=r"takes a torch\.export\.ExportedProgram, not Conv3d"):
         rewrite_for_xnnpack(torch.nn.Conv3d(1, 1, 1))

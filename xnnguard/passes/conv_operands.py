@@ -29,6 +29,11 @@ class ConvOperands:
 _MAX_CONSTANT_OPS = 32  # a weight computed by more ops than this is not a parametrization
 
 
+def _is_random(node: torch.fx.Node) -> bool:
+    """A random op (``randn``, ``dropout``...) gives another value on every run: never a constant."""
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+
+
 def constant_value(graph_module: torch.fx.GraphModule, node: object) -> torch.Tensor | None:
     """The value of ``node`` when it depends on parameters and literals only, else None."""
     if not isinstance(node, torch.fx.Node):
@@ -43,7 +48,7 @@ def constant_value(graph_module: torch.fx.GraphModule, node: object) -> torch.Te
             values[current] = attribute_tensor(graph_module, current)
             if values[current] is None:
                 return None
-        elif current.op == "call_function" and len(values) < _MAX_CONSTANT_OPS:
+        elif current.op == "call_function" and len(values) < _MAX_CONSTANT_OPS and not _is_random(current):
             values[current] = None
             pending += current.all_input_nodes
         else:
