@@ -79,8 +79,12 @@ class KernelCall:
 class Method:
     name: str
     delegates: tuple[Delegate, ...]
-    kernel_operators: tuple[str, ...]  # "aten::add.out" for each operator a KernelCall uses, first use first
     kernel_calls: tuple[KernelCall, ...] = ()
+
+    @property
+    def kernel_operators(self) -> tuple[str, ...]:
+        """``"aten::add.out"`` for each operator a kernel call uses, first use first."""
+        return tuple(dict.fromkeys(call.operator for call in self.kernel_calls))
 
 
 def _program_schema() -> Schema:
@@ -219,7 +223,6 @@ def _method(plan: TableView, program: TableView, segment_base: int, name: str) -
     known = set(plan.scalars("inputs"))  # values that exist before the instruction at hand
     calls: dict[int, list[DelegateCall]] = {}
     kernel_calls: list[KernelCall] = []
-    used_operators: dict[str, None] = {}
     for chain in plan.tables("chains"):
         for instruction in chain.tables("instructions"):
             kind, args = instruction.union("instr_args")
@@ -232,7 +235,6 @@ def _method(plan: TableView, program: TableView, segment_base: int, name: str) -
                 op_index = args.scalar("op_index")
                 if not 0 <= op_index < len(operators):
                     raise FlatbufferError(f"kernel call of operator {op_index}, the plan has {len(operators)}")
-                used_operators[operators[op_index]] = None
                 call_args = args.scalars("args")
                 dims = tuple(_tensor_dims(values, index) for index in call_args)
                 kernel_calls.append(KernelCall(operators[op_index], call_args, dims))
@@ -246,7 +248,7 @@ def _method(plan: TableView, program: TableView, segment_base: int, name: str) -
         )
         for index, delegate in enumerate(plan.tables("delegates"))
     )
-    return Method(plan.string("name"), delegates, tuple(used_operators), tuple(kernel_calls))
+    return Method(plan.string("name"), delegates, tuple(kernel_calls))
 
 
 def read_methods(buffer: Any, name: str) -> list[Method]:
