@@ -58,8 +58,8 @@ def main(threads: int | None = None) -> dict[str, float] | bool:
     """Print the timings and the speed-up; return them, or False when the target is missed."""
     from executorch.extension.pybindings import portable_lib
 
-    from xnnguard.passes.reduce_rank import ReduceRankPass
-    from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter
+    from xnnguard.rewrite.rank.reduce_rank import ReduceRankPass
+    from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter
 
     threads = threads or int(os.environ.get("XNNGUARD_BENCH_THREADS", min(2, os.cpu_count() or 1)))
     torch.set_num_threads(threads)

@@ -100,8 +100,8 @@ def _write_program(index: int, form: str, path: Path) -> None:
     from executorch.extension.pybindings import portable_lib
 
     import xnnguard
-    from xnnguard.passes.rewrite_conv3d import RewriteConv3dPass
-    from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter
+    from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
+    from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter
 
     conv, x = _floor_layer(index) if form == "floor" else _layer(index)
     ep = torch.export.export(conv, (x,))

@@ -9,8 +9,8 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import xnnguard
 from tests.support import Lowered, lower, quant_step, run_pte, xnnpack_quantizer
-from xnnguard.passes.rewrite_for_xnnpack import rewrite_for_xnnpack
-from xnnguard.rank_limit import exceeds_rank_limit
+from xnnguard.rewrite.rewrite_for_xnnpack import rewrite_for_xnnpack
+from xnnguard.rules.rank_limit import exceeds_rank_limit
 
 Precision = Literal["float", "static int8", "dynamic int8"]
 PRECISIONS: tuple[Precision, ...] = ("float", "static int8", "dynamic int8")

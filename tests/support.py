@@ -11,7 +11,7 @@ import torch
 from executorch.exir import EdgeProgramManager, to_edge, to_edge_transform_and_lower
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 
-from xnnguard.passes.do_not_delegate import op_name
+from xnnguard.graph.ops import target_name
 
 __all__ = [
     "Lowered",
@@ -49,7 +49,7 @@ class Lowered:
 
     @property
     def num_delegates(self) -> int:
-        return sum(1 for node in self._top_nodes() if "executorch_call_delegate" in op_name(node))
+        return sum(1 for node in self._top_nodes() if "executorch_call_delegate" in target_name(node))
 
     def _top_nodes(self) -> list[torch.fx.Node]:
         return list(self.edge.exported_program().graph_module.graph.nodes)
@@ -64,11 +64,11 @@ def _placements(edge: EdgeProgramManager) -> tuple[Counter[str], Counter[str], l
         if isinstance(child, LoweredBackendModule):
             for node in child.original_module.graph.nodes:
                 if node.op == "call_function":
-                    delegated[_short(op_name(node))] += 1
+                    delegated[_short(target_name(node))] += 1
                     delegated_nodes.append(node)
     outside: Counter[str] = Counter()
     for node in gm.graph.nodes:
-        name = op_name(node)
+        name = target_name(node)
         if node.op == "call_function" and "executorch_call_delegate" not in name and "getitem" not in name:
             outside[_short(name)] += 1
     return delegated, outside, delegated_nodes

@@ -11,12 +11,13 @@ from hypothesis import given, settings, strategies as st
 import xnnguard
 from tests.support import lower, quant_step, run_pte, xnnpack_quantizer
 from xnnguard.example_models import HighRankLinear, Patchify
-from xnnguard.passes.dim_groups import merge_permutation, permute_steps
-from xnnguard.passes.do_not_delegate import DO_NOT_DELEGATE, op_name
-from xnnguard.passes.reduce_rank import ReduceRankPass
-from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter, rewrite_for_xnnpack
-from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit, rank_violation
+from xnnguard.graph.ops import target_name
 from xnnguard.report import Rule
+from xnnguard.rewrite.rank.dim_groups import merge_permutation, permute_steps
+from xnnguard.rewrite.rank.reduce_rank import ReduceRankPass
+from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter, rewrite_for_xnnpack
+from xnnguard.rules.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit, rank_violation
+from xnnguard.tagging import DO_NOT_DELEGATE
 
 PRECISIONS = ("float", "static int8", "dynamic int8")
 Shape = tuple[int, ...]
@@ -122,10 +123,11 @@ def outside_nodes_not_at_the_io(lowered) -> list[str]:  # type: ignore[no-untype
     graph = lowered.edge.exported_program().graph
 
     def short(node: torch.fx.Node) -> str:
-        return op_name(node).split(".")[-2] if "." in op_name(node) else op_name(node)
+        return target_name(node).split(".")[-2] if "." in target_name(node) else target_name(node)
 
     def memory_or_delegate(node: torch.fx.Node) -> bool:
-        return op_name(node) == "alloc" or any(w in str(node.target) for w in ("executorch_call_delegate", "getitem"))
+        delegate_call = any(w in str(node.target) for w in ("executorch_call_delegate", "getitem"))
+        return target_name(node) == "alloc" or delegate_call
 
     outside = [n for n in graph.nodes if n.op == "call_function" and not memory_or_delegate(n)]
     from_input: set[torch.fx.Node] = set()
@@ -137,7 +139,7 @@ def outside_nodes_not_at_the_io(lowered) -> list[str]:  # type: ignore[no-untype
         if all(u.op == "output" or u in to_output for u in node.users):
             to_output.add(node)
     return [
-        f"{node.name} ({op_name(node)})"
+        f"{node.name} ({target_name(node)})"
         for node in outside
         if not (short(node) in IO_OPS and (node in from_input or node in to_output))
     ]
@@ -550,7 +552,7 @@ def test_on_an_edge_program_nothing_changes_and_every_high_rank_op_is_reported()
 
 def test_a_rewrite_that_fails_midway_leaves_the_node_as_it_was_and_reports_it() -> None:
     """A rewrite that raises after inserting nodes: they are erased, the node stays, the failure is reported."""
-    from xnnguard.passes.high_rank_nodes import HighRankRewritePass
+    from xnnguard.rewrite.rank.base import HighRankRewritePass
 
     class FailsAfterInserting(HighRankRewritePass):
         def picks(self, node: torch.fx.Node) -> bool:

@@ -13,9 +13,9 @@ import xnnguard
 from tests.rewrite_support import PRECISIONS, assert_within_rank_limit, lower_and_run, ops, rewritten
 from tests.support import run_pte, xnnpack_quantizer
 from xnnguard.passes import DO_NOT_DELEGATE
-from xnnguard.passes.rewrite_conv3d import Conv3dGeometry, RewriteConv3dPass, conv2d_constants, conv3d_as_conv2d
-from xnnguard.passes.rewrite_for_xnnpack import RewriteError, XnnpackRewriter, rewrite_for_xnnpack
 from xnnguard.report import Rule
+from xnnguard.rewrite.conv3d.conv3d import Conv3dGeometry, RewriteConv3dPass, conv2d_constants, conv3d_as_conv2d
+from xnnguard.rewrite.rewrite_for_xnnpack import RewriteError, XnnpackRewriter, rewrite_for_xnnpack
 
 
 @st.composite

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import xnnguard
 from tests.rewrite_support import PRECISIONS, assert_within_rank_limit, lower_and_run, ops, rewritten
 from tests.support import run_pte
-from xnnguard.passes.rewrite_conv_transpose3d import (
+from xnnguard.rewrite.conv3d.conv_transpose3d import (
     ConvTranspose3dGeometry,
     conv_transpose2d_constants,
     conv_transpose3d_as_2d,

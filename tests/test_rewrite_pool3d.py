@@ -12,8 +12,8 @@ import xnnguard
 from tests.rewrite_support import PRECISIONS, lower_and_run, ops, rewritten
 from tests.support import run_pte
 from xnnguard.passes import DO_NOT_DELEGATE
-from xnnguard.passes.rewrite_for_xnnpack import XnnpackRewriter
-from xnnguard.passes.rewrite_pool3d import Pool3d, pool3d_as_2d, pool3d_correction
+from xnnguard.rewrite.conv3d.pool3d import Pool3d, pool3d_as_2d, pool3d_correction
+from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter
 
 
 @st.composite

@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "XnnpackPartitioner": "xnnguard.passes",
-    "TagHighRankPass": "xnnguard.passes",
-    "TagConv3dPass": "xnnguard.passes",
-    "DO_NOT_DELEGATE": "xnnguard.passes",
+    "XnnpackPartitioner": "xnnguard.partition",
+    "TagHighRankPass": "xnnguard.tagging",
+    "TagConv3dPass": "xnnguard.tagging",
+    "DO_NOT_DELEGATE": "xnnguard.tagging",
     "KeptOut": "xnnguard.report",
     "Rule": "xnnguard.report",
-    "XNN_MAX_TENSOR_DIMS": "xnnguard.rank_limit",
+    "XNN_MAX_TENSOR_DIMS": "xnnguard.rules.rank_limit",
     "XNNPACKQuantizer": "xnnguard.quantizer",
-    "rewrite_for_xnnpack": "xnnguard.passes",
-    "XnnpackRewriter": "xnnguard.passes",
-    "RewriteError": "xnnguard.passes",
+    "rewrite_for_xnnpack": "xnnguard.rewrite",
+    "XnnpackRewriter": "xnnguard.rewrite",
+    "RewriteError": "xnnguard.rewrite",
     "verify_pte": "xnnguard.runtime_check",
     "assert_pte_ok": "xnnguard.runtime_check",
 }
@@ -30,19 +30,21 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:  # the lazy names, for type checkers; "X as X" marks a re-export
-    from xnnguard.passes import (
-        DO_NOT_DELEGATE as DO_NOT_DELEGATE,
+    from xnnguard.partition import XnnpackPartitioner as XnnpackPartitioner
+    from xnnguard.quantizer import XNNPACKQuantizer as XNNPACKQuantizer
+    from xnnguard.report import KeptOut as KeptOut, Rule as Rule
+    from xnnguard.rewrite import (
         RewriteError as RewriteError,
-        TagConv3dPass as TagConv3dPass,
-        TagHighRankPass as TagHighRankPass,
-        XnnpackPartitioner as XnnpackPartitioner,
         XnnpackRewriter as XnnpackRewriter,
         rewrite_for_xnnpack as rewrite_for_xnnpack,
     )
-    from xnnguard.quantizer import XNNPACKQuantizer as XNNPACKQuantizer
-    from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS as XNN_MAX_TENSOR_DIMS
-    from xnnguard.report import KeptOut as KeptOut, Rule as Rule
+    from xnnguard.rules.rank_limit import XNN_MAX_TENSOR_DIMS as XNN_MAX_TENSOR_DIMS
     from xnnguard.runtime_check import assert_pte_ok as assert_pte_ok, verify_pte as verify_pte
+    from xnnguard.tagging import (
+        DO_NOT_DELEGATE as DO_NOT_DELEGATE,
+        TagConv3dPass as TagConv3dPass,
+        TagHighRankPass as TagHighRankPass,
+    )
 
 
 def __getattr__(name: str) -> Any:

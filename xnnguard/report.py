@@ -13,12 +13,12 @@ __all__ = ["KeptOut", "Rule", "summarize"]
 class Rule(str, Enum):
     """Why a node was kept out. Each rule is decided in exactly one module (named here)."""
 
-    HIGH_RANK = "high_rank"  # xnnguard.rank_limit
-    CONV3D = "conv3d"  # xnnguard.conv3d
-    USER_TAG = "user_tag"  # xnnguard.passes.do_not_delegate
-    MAX_REDUCTION = "max_reduction"  # xnnguard.max_reduction
-    PRELU_RANK = "prelu_rank"  # xnnguard.prelu_rank
-    PASSTHROUGH_OUTPUT = "passthrough_output"  # xnnguard.passthrough_output
+    HIGH_RANK = "high_rank"  # xnnguard.rules.rank_limit
+    CONV3D = "conv3d"  # xnnguard.rules.conv3d
+    USER_TAG = "user_tag"  # xnnguard.rules.tagged
+    MAX_REDUCTION = "max_reduction"  # xnnguard.rules.max_reduction
+    PRELU_RANK = "prelu_rank"  # xnnguard.rules.prelu_rank
+    PASSTHROUGH_OUTPUT = "passthrough_output"  # xnnguard.rules.passthrough_output
     NEEDS_KEPT_OUT_NODE = "needs_kept_out_node"  # an op whose partition needs a node kept out
     NOT_REWRITTEN = "not_rewritten"  # an op XNNPACK has no kernel for that a rewrite could not replace
 

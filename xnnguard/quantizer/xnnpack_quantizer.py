@@ -5,7 +5,7 @@ constructor, same ``set_*`` methods, used with torchao's ``prepare_pt2e`` / ``co
 no 3-D convolution, so quantize/dequantize steps around one only add error and work; ExecuTorch 1.5.1
 annotates them anyway. Here:
 
-* a 3-D convolution or 3-D transposed convolution (``xnnguard.conv3d``) is never annotated, and so
+* a 3-D convolution or 3-D transposed convolution (``xnnguard.rules.conv3d``) is never annotated, and so
   neither is a ReLU or batch norm fused with it: the stock annotators are handed a filter that refuses
   the 3-D convolution, so each pattern holding one is skipped whole. The neighbours are then annotated
   by the stock code as next to any float op: nothing has to be stripped or re-pointed afterwards;
@@ -30,8 +30,8 @@ from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.quantizer import QuantizationConfig
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
-from xnnguard.conv3d import ConvKind, conv3d_kind, is_3d_convolution, is_3d_convolution_operator
 from xnnguard.report import KeptOut, Rule
+from xnnguard.rules.conv3d import ConvKind, conv3d_kind, is_3d_convolution, is_3d_convolution_operator
 
 __all__ = ["QuantizedConv3dError", "XNNPACKQuantizer"]
 

@@ -2,7 +2,7 @@
 
 ``verify_pte(path)`` returns a ``Report`` (``ok``, ``problems`` with a ``kind`` each); ``assert_pte_ok``
 raises ``AssertionError`` listing the problems. Names load lazily: the checks import torch (through
-``xnnguard.rank_limit``), which ``xnnguard --help`` should not wait for.
+``xnnguard.rules.rank_limit``), which ``xnnguard --help`` should not wait for.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What "well-formed" means for one XNNPACK delegate, as checks over its graph.
 
-* ranks: every tensor value fits XNNPACK's rank limit (``xnnguard.rank_limit``) and lists as many
+* ranks: every tensor value fits XNNPACK's rank limit (``xnnguard.rules.rank_limit``) and lists as many
   sizes as it declares dims;
 * dataflow: every value a node reads is written (an external input, a constant or some node's output),
   every delegate output is written by a node, and the external ids bind each DelegateCall argument to
@@ -16,7 +16,7 @@ from collections import Counter
 
 import networkx as nx
 
-from xnnguard.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
+from xnnguard.rules.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 from xnnguard.runtime_check.pte_reader import DelegateCall
 from xnnguard.runtime_check.report import Problem
 from xnnguard.runtime_check.xnnpack_blob import XnnGraph, XnnNode, XnnValue

@@ -4,12 +4,12 @@ ExecuTorch 1.5.1's portable convolution computes 1-D and 2-D convolutions only: 
 outside XNNPACK (the stock partitioner never takes one; xnnguard's rewrite may leave one, e.g. with a
 dynamic depth) loads, then fails the first time the method runs ("Expect input tensor to be 3-D or
 4-D, but got, 5"). The runtime finds it only by running; the program says it up front: the rank of the
-call's weight (``xnnguard.conv3d``).
+call's weight (``xnnguard.rules.conv3d``).
 """
 
 from __future__ import annotations
 
-from xnnguard.conv3d import is_3d_convolution_weight
+from xnnguard.rules.conv3d import is_3d_convolution_weight
 from xnnguard.runtime_check.pte_reader import KernelCall, Method
 from xnnguard.runtime_check.report import Problem
 

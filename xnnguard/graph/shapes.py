@@ -1,0 +1,26 @@
+"""The static shape of a node's tensor, or None when it is unknown or has a dynamic size."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["static_shape", "tensor_value"]
+
+
+def tensor_value(node: object) -> torch.Tensor | None:
+    """The (fake) tensor ``node`` computes (``meta["val"]``), or None for a non-tensor or a non-node."""
+    import torch
+
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def static_shape(node: object) -> tuple[int, ...] | None:
+    """The shape of ``node``'s single tensor when every size is a plain int, else None."""
+    value = tensor_value(node)
+    if value is None or not all(isinstance(size, int) for size in value.shape):
+        return None
+    return tuple(int(size) for size in value.shape)

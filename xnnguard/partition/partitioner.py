@@ -1,0 +1,301 @@
+"""``xnnguard.XnnpackPartitioner``: ExecuTorch's XNNPACK partitioner that never delegates what XNNPACK cannot run.
+
+A drop-in for ``executorch.backends.xnnpack.partition.xnnpack_partitioner.XnnpackPartitioner`` (same
+constructor, same use in ``to_edge_transform_and_lower`` and ``to_edge(...).to_backend(...)``). On top of
+the stock matching it
+
+* never delegates a node that ``keep_out_reason`` forbids (above 6 dims, 3-D convolution, a max over a
+  dim in a form XNNPACK 1.5.1 refuses, PReLU on a non-4-D tensor, user tag), and does not keep such an op
+  whole for XNNPACK (a linear on an 8-D input decomposes, its 2-D matmul stays);
+* in ``to_edge_transform_and_lower``, first rewrites what has an equivalent XNNPACK takes: a max over H
+  or W keeps its dim (``MaxKeepdimPass``), a PReLU of another rank is folded to 4-D (``PReLUTo4dPass``);
+* never lets a partition output a memory-format round trip of its own input (XNNPACK's copy removal
+  would make the delegate output its input): such an output, and what in the partition reads it, runs
+  outside;
+* checks every node a partition takes (partitions are unions of config matches, and every match is
+  checked): optional members that are forbidden (the high-rank views of a linear's source partition, a
+  fused activation above 6 dims) stay outside; a match that needs a forbidden op or q/dq is not taken;
+* marks q/dq implicit only once the partition of their op is taken (``xnnguard.partition.implicit_qdq``);
+* applies ``force_non_static_weights_for_f32_linear`` to float linears only;
+* records what it kept out and why in ``kept_out``, and logs a one-line summary at INFO.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, MMConfig
+from executorch.backends.xnnpack.partition.config.xnnpack_config import XNNPartitionerConfig
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+    XnnpackPartitioner as _StockXnnpackPartitioner,
+)
+from executorch.backends.xnnpack.utils.quant_utils import is_dequant
+from executorch.exir.backend.canonical_partitioners.config_partitioner import (
+    DSJ,
+    format_target_name,
+    is_constant_data,
+)
+from executorch.exir.backend.partitioner import PartitionResult
+from executorch.exir.pass_manager import ExportedProgramPassManager
+from torch.export import ExportedProgram
+from torch.fx.passes.infra.partitioner import Partition
+
+from xnnguard.graph.ops import target_name
+from xnnguard.partition import implicit_qdq
+from xnnguard.report import KeptOut, Rule, summarize
+from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
+from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
+from xnnguard.rules.keep_out import keep_out_reason
+from xnnguard.tagging import TagConv3dPass, TagHighRankPass
+
+__all__ = ["XnnpackPartitioner"]
+
+logger = logging.getLogger("xnnguard")
+
+
+class _QuantAwareForceFlag:
+    """``force_non_static_weights_for_f32_linear`` concerns float linears.
+
+    1.5.1 intersects a linear's dependencies with its source partition whenever the flag is set, which
+    drops the dequantize nodes of a *quantized* linear: a static one then fails to lower ("Weight and
+    Input should both be quantized"), a dynamic one runs as a float matmul. The flag is ignored here
+    when the linear's weight comes from a dequantize.
+    """
+
+    force_non_static_weights_for_f32_linear: bool
+    weight_idx: int
+
+    def get_deps_from_src_partition(self, node: torch.fx.Node, ep: ExportedProgram, src_partition: Any) -> Any:
+        force = self.force_non_static_weights_for_f32_linear
+        if not (force and self._weight_is_quantized(node, src_partition)):
+            return super().get_deps_from_src_partition(node, ep, src_partition)  # type: ignore[misc]
+        self.force_non_static_weights_for_f32_linear = False
+        try:
+            return super().get_deps_from_src_partition(node, ep, src_partition)  # type: ignore[misc]
+        finally:
+            self.force_non_static_weights_for_f32_linear = force
+
+    def _weight_is_quantized(self, node: torch.fx.Node, src_partition: Any) -> bool:
+        # The same walk 1.5.1 does to find the linear's weight among the source partition's inputs.
+        weight = node.args[self.weight_idx]
+        while isinstance(weight, torch.fx.Node) and weight.all_input_nodes and weight not in src_partition.input_nodes:
+            weight = weight.all_input_nodes[0]
+        return isinstance(weight, torch.fx.Node) and is_dequant(weight)
+
+
+class _AddmmConfig(_QuantAwareForceFlag, AddmmConfig):
+    pass
+
+
+class _MMConfig(_QuantAwareForceFlag, MMConfig):
+    pass
+
+
+_GUARDED_CONFIGS: dict[type[XNNPartitionerConfig], type[XNNPartitionerConfig]] = {
+    AddmmConfig: _AddmmConfig,
+    MMConfig: _MMConfig,
+}
+
+
+@dataclass
+class _Match:
+    anchor: torch.fx.Node
+    nodes: list[torch.fx.Node]
+    implicit: set[torch.fx.Node]
+
+
+@dataclass
+class _Ledger:
+    """What one ``partition`` call learned: matches with their implicit q/dq, and what was kept out."""
+
+    matches: list[_Match] = field(default_factory=list)
+    kept_out: dict[str, KeptOut] = field(default_factory=dict)
+
+    def keep_out(self, record: KeptOut) -> None:
+        self.kept_out.setdefault(record.node, record)
+
+
+class XnnpackPartitioner(_StockXnnpackPartitioner):
+    """ExecuTorch's ``XnnpackPartitioner`` that only delegates what XNNPACK 1.5.x can load and run.
+
+    After ``partition`` (called for you by ``to_edge_transform_and_lower`` or ``to_backend``),
+    ``kept_out`` lists every node a rule kept out of XNNPACK, with the reason.
+    """
+
+    def __init__(
+        self,
+        configs: list[type[XNNPartitionerConfig]] | None = None,
+        config_precisions: Any = None,
+        per_op_mode: bool = False,
+        verbose: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        guarded = [_GUARDED_CONFIGS.get(config, config) for config in (configs or ALL_PARTITIONER_CONFIGS)]
+        super().__init__(guarded, config_precisions, per_op_mode, verbose, **kwargs)
+        self.kept_out: list[KeptOut] = []
+        self._ledger = _Ledger()
+        self._decomposed: dict[str, KeptOut] = {}  # ops a rule made decompose, found before ``partition``
+
+    def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
+        """Rewrite, on the ATen program, the ops that have an equivalent XNNPACK 1.5.1 lowers.
+
+        Called by ``to_edge_transform_and_lower`` (not by ``to_backend``: there the program is already
+        edge, and the rules keep the same ops out instead). The caller's program is left as it was.
+        """
+        rewrites = [rewrite for rewrite in (MaxKeepdimPass(), PReLUTo4dPass())
+                    if rewrite.applies_to(exported_program.graph_module)]
+        self._decomposed = {}
+        if not rewrites:
+            return exported_program
+        program = exported_program.run_decompositions({})  # a new graph, as the lowering makes next
+        return ExportedProgramPassManager(rewrites)(program).exported_program
+
+    def ops_to_not_decompose(
+        self, ep: ExportedProgram
+    ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
+        """Keep an op whole only when XNNPACK may take it: a linear on an 8-D input must decompose."""
+        ops, stock_filter = super().ops_to_not_decompose(ep)
+
+        def keep_whole(node: torch.fx.Node) -> bool:
+            record = keep_out_reason(node)
+            if record is None:
+                return bool(stock_filter(node)) if stock_filter is not None else False
+            if node.target in ops:  # asked about every node; only these would have stayed whole
+                self._decomposed.setdefault(record.node, record)
+            return False
+
+        return ops, keep_whole
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        gm = exported_program.graph_module
+        for tag_pass in (TagHighRankPass(), TagConv3dPass()):
+            tag_pass(gm)
+        self._ledger = _Ledger()
+        result = super().partition(exported_program)
+        self.kept_out = [*self._decomposed.values(), *self._ledger.kept_out.values()]
+        self._ledger, self._decomposed = _Ledger(), {}
+        self._register_quantized_kernels_if_needed(gm)
+        delegated = sum(1 for n in gm.graph.nodes if "delegation_tag" in n.meta)
+        logger.info("xnnguard: %s; %d nodes delegated in %d partitions", summarize(self.kept_out), delegated,
+                    len(result.partition_tags))
+        return result
+
+    def get_matched_nodes_from_configs(self, ep: ExportedProgram) -> list[list[torch.fx.Node]]:
+        """The stock matching loop, with every rule checked and implicit marks held back."""
+        qdq_nodes = implicit_qdq.quantization_nodes(ep.graph_module.graph)
+        implicit_qdq.take_marks(qdq_nodes)  # marks left by earlier checks belong to no partition
+        dsj = DSJ()
+        for node in ep.graph_module.graph.nodes:
+            if node.op != "call_function":
+                continue
+            config = self.target_partitioner_configs.get(format_target_name(node.target.__name__))
+            if config is None:
+                continue
+            record = keep_out_reason(node)
+            if record is not None:
+                self._ledger.keep_out(record)
+                continue
+            accepted = config.check_constraints(node, ep)
+            implicit_qdq.take_marks(qdq_nodes)  # a check is not a partition
+            if not accepted:
+                continue
+            candidate = config.get_partition(node, ep)
+            implicit = implicit_qdq.take_marks(qdq_nodes)
+            nodes = self._admissible(node, candidate)
+            if nodes is None:
+                continue
+            self._ledger.matches.append(_Match(node, nodes, implicit & set(nodes)))
+            members = [n for n in nodes if not (is_constant_data(ep, n) and dsj.contains(n))]
+            if members:
+                dsj.find(members[0])
+                for member in members[1:]:
+                    dsj.union(members[0], member)
+        return dsj.gen_groups()
+
+    def _admissible(self, anchor: torch.fx.Node, candidate: list[torch.fx.Node]) -> list[torch.fx.Node] | None:
+        """The nodes of a config's match that may go to XNNPACK, or None when the match cannot be taken.
+
+        Optional members (source-partition views, a fused activation) that a rule forbids are left
+        outside; a forbidden q/dq or choose_qparams would change what the op computes, so the whole
+        match is dropped instead.
+        """
+        admissible = []
+        for node in candidate:
+            record = keep_out_reason(node)
+            if record is None:
+                admissible.append(node)
+            elif node is anchor or implicit_qdq.is_quantization_node(node):
+                self._ledger.keep_out(record)
+                reason = f"its partition needs {node.name}, whose {record.reason}"
+                self._ledger.keep_out(KeptOut(anchor.name, target_name(anchor), Rule.NEEDS_KEPT_OUT_NODE, reason))
+                return None
+            else:
+                self._ledger.keep_out(record)
+        return admissible
+
+    def generate_partitions(self, ep: ExportedProgram) -> list[Partition]:
+        """The stock grouping of the admitted matches, checked as partitions; then implicit q/dq are marked."""
+        partitions = [p for p in super().generate_partitions(ep) if self._admit_partition(ep, p)]
+        partition_of = {node: p.id for p in partitions for node in p.nodes}
+        for match in self._ledger.matches:
+            owner = partition_of.get(match.anchor)
+            if owner is None:
+                continue
+            for qdq in match.implicit:
+                if partition_of.get(qdq) == owner:
+                    implicit_qdq.mark_implicit(qdq)
+        return partitions
+
+    def _admit_partition(self, ep: ExportedProgram, partition: Partition) -> bool:
+        """Take out of ``partition`` the outputs a partition rule forbids; False when no op is left.
+
+        A forbidden output leaves with every node of the partition that reads it (directly or not), so
+        the partition stays convex; a constant only those nodes used leaves too.
+        """
+        while (found := _first_forbidden(partition)) is not None:
+            node, record = found
+            members = set(partition.nodes)
+            self._ledger.keep_out(record)
+            for dependent in _dependents_within(node, members):
+                reason = f"it reads {node.name}, which runs outside XNNPACK ({record.rule.value})"
+                self._ledger.keep_out(KeptOut(dependent.name, target_name(dependent), Rule.NEEDS_KEPT_OUT_NODE, reason))
+                partition.remove_node(dependent)
+            partition.remove_node(node)
+            for constant in [n for n in partition.nodes if is_constant_data(ep, n)]:
+                if not any(user in partition.nodes for user in constant.users):
+                    partition.remove_node(constant)
+        return any(n.op == "call_function" for n in partition.nodes)
+
+    @staticmethod
+    def _register_quantized_kernels_if_needed(gm: torch.fx.GraphModule) -> None:
+        """q/dq left outside XNNPACK need ExecuTorch's quantized out-variants at ``to_executorch()``."""
+        if any("delegation_tag" not in n.meta for n in implicit_qdq.quantization_nodes(gm.graph)):
+            import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed::*.out)
+
+
+def _first_forbidden(partition: Partition) -> tuple[torch.fx.Node, KeptOut] | None:
+    """The first node ``keep_out_reason`` forbids in ``partition`` (asked as a whole), with the record."""
+    members = set(partition.nodes)
+    for node in partition.nodes:
+        record = keep_out_reason(node, members)
+        if record is not None:
+            return node, record
+    return None
+
+
+def _dependents_within(node: torch.fx.Node, members: set[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The nodes of ``members`` that read ``node``'s output, directly or through other members."""
+    found: list[torch.fx.Node] = []
+    pending = [user for user in node.users if user in members]
+    while pending:
+        current = pending.pop()
+        if current in found:
+            continue
+        found.append(current)
+        pending.extend(user for user in current.users if user in members)
+    return found

@@ -1,0 +1,381 @@
+"""Rewrite every 3-D convolution as 2-D convolutions (or one linear) that XNNPACK delegates.
+
+Invariant established: no 3-D (non-transposed) convolution with a parameter weight and static shapes is
+left in the graph; each one is replaced by an equivalent graph of ops XNNPACK delegates (view, permute,
+slice, cat, conv2d or linear), none above 6 dims. XNNPACK has no 3-D convolution and 1.5.1's portable
+convolution has none either, so without this a video model cannot run at all.
+
+Three forms, cheapest first:
+
+* **one patch** (the input is exactly one kernel window, e.g. Qwen2-VL's patch embedding): a linear,
+  also with a dynamic batch (the patch count of an image), the only form that keeps one;
+* **depth tiles** (depth stride == kernel depth, no depth padding, no dilation; also kernel depth 1 with
+  stride 1): one 6-D permute folds each window's frames into channels, then one conv2d;
+* **general**: output frames are grouped into runs that see the same kernel taps (the padding only
+  removes taps at the borders, so there is no padding op); per run, the tap frames are folded into
+  channels (``fold``, default: one conv2d per run) or convolved one by one and summed (``sum``).
+
+Padding modes other than zeros never reach this pass: export spells them as a pad op in front of a conv
+without padding. Each conv2d's input is produced by a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``) so
+that 1.5.1 can also lower it dynamically quantized.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch._guards import detect_fake_mode
+from torch.fx.operator_schemas import normalize_function
+
+from xnnguard.report import Rule
+from xnnguard.rewrite.constants import ConvOperands, conv_operands
+from xnnguard.rewrite.conv3d.conv_input_cat import as_cat
+from xnnguard.rewrite.conv3d.size_args import triple
+from xnnguard.rewrite.conv3d.strided_select import select_every
+from xnnguard.rewrite.insert import call_like
+from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rewrite.splice import constant_attribute, splice_before
+from xnnguard.rules.conv3d import ConvKind, conv3d_kind
+
+__all__ = ["Conv3dGeometry", "RewriteConv3dPass", "conv2d_constants", "conv3d_as_conv2d", "conv3d_geometry"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+DepthTaps = Literal["fold", "sum"]
+
+_aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class FrameRun:
+    """Output frames ``first .. first+count-1`` that all see kernel taps ``taps`` (a contiguous range).
+
+    Tap ``j`` of output frame ``first + m`` reads input frame ``input_frame(j) + m * stride``.
+    """
+
+    first: int
+    count: int
+    taps: range
+    stride: int
+    dilation: int
+    pad_front: int
+
+    def input_frame(self, tap: int) -> int:
+        return self.first * self.stride - self.pad_front + tap * self.dilation
+
+
+@dataclass(frozen=True)
+class Conv3dGeometry:
+    """Everything a rewrite needs to know about one 3-D convolution, with padding per side."""
+
+    input_shape: tuple[int, int, int, int, int]
+    weight_shape: tuple[int, int, int, int, int]
+    stride: tuple[int, int, int]
+    padding: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]  # (front, back) for D, H, W
+    dilation: tuple[int, int, int]
+    groups: int
+    has_bias: bool = False
+    dynamic_batch: bool = False  # input_shape[0] then stands in for a symbolic batch (the forms ignore it)
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int, int]:
+        sizes = []
+        for dim in range(3):
+            extent = self.input_shape[2 + dim] + sum(self.padding[dim])
+            window = self.dilation[dim] * (self.weight_shape[2 + dim] - 1) + 1
+            sizes.append((extent - window) // self.stride[dim] + 1)
+        return (self.input_shape[0], self.weight_shape[0], sizes[0], sizes[1], sizes[2])
+
+    @property
+    def form(self) -> str:
+        if self._is_one_patch():
+            return "one patch"
+        if self._is_depth_tiles():
+            return "depth tiles"
+        return "general"
+
+    def _is_one_patch(self) -> bool:
+        no_padding = all(front == back == 0 for front, back in self.padding)
+        kernel = self.weight_shape[2:]
+        exact = all(self.input_shape[2 + d] < kernel[d] + self.stride[d] for d in range(3))
+        return self.groups == 1 and no_padding and exact and all(
+            self.dilation[d] == 1 or kernel[d] == 1 for d in range(3)
+        )
+
+    def _is_depth_tiles(self) -> bool:
+        kd = self.weight_shape[2]
+        front, back = self.padding[0]
+        no_depth_padding = front == 0 and (back == 0 or self.output_shape[2] * kd <= self.input_shape[2])
+        return no_depth_padding and (self.dilation[0] == 1 or kd == 1) and self.stride[0] == kd
+
+    def frame_runs(self) -> list[FrameRun]:
+        """Output frames grouped by the taps that fall inside the input (the rest read zero padding)."""
+        depth = self.input_shape[2]
+        kd, sd, dd, front = self.weight_shape[2], self.stride[0], self.dilation[0], self.padding[0][0]
+        runs: list[FrameRun] = []
+        for frame in range(self.output_shape[2]):
+            base = frame * sd - front
+            taps = range(kd)
+            valid = [j for j in taps if 0 <= base + j * dd < depth]
+            tap_range = range(valid[0], valid[-1] + 1) if valid else range(0)
+            last = runs[-1] if runs else None
+            if last is not None and last.taps == tap_range and last.first + last.count == frame:
+                runs[-1] = FrameRun(last.first, last.count + 1, tap_range, sd, dd, front)
+            else:
+                runs.append(FrameRun(frame, 1, tap_range, sd, dd, front))
+        return runs
+
+    def spatial_padding(self) -> tuple[int, int] | None:
+        """Symmetric (H, W) padding for conv2d, or None when a side needs an explicit pad."""
+        (top, bottom), (left, right) = self.padding[1], self.padding[2]
+        return (top, left) if top == bottom and left == right else None
+
+
+def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
+    """The geometry of the 3-D convolution ``node``, or the reason it cannot be rewritten."""
+    assert callable(node.target)  # the op of a call_function node
+    normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+    if normalized is None:
+        return "its arguments could not be normalized"
+    kwargs = normalized.kwargs
+    x, weight = kwargs["input"], kwargs["weight"]
+    shapes = []
+    dynamic_batch = False
+    for value in (x, weight):
+        meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        if not isinstance(meta, torch.Tensor):
+            return "an input has no shape information"
+        sizes = list(meta.shape)
+        if value is x and len(sizes) == 5 and not isinstance(sizes[0], int):
+            dynamic_batch, sizes[0] = True, 1
+        if not all(isinstance(s, int) for s in sizes):
+            return f"dynamic shape {tuple(meta.shape)}: the depth folding needs static sizes"
+        shapes.append(tuple(int(s) for s in sizes))
+    if len(shapes[0]) != 5:
+        return f"unbatched input of rank {len(shapes[0])}"
+    if kwargs.get("transposed", False):
+        return "transposed convolution"
+    stride = triple(kwargs.get("stride", 1))
+    dilation = triple(kwargs.get("dilation", 1))
+    kernel = shapes[1][2:]
+    padding_arg = kwargs.get("padding", 0)
+    if isinstance(padding_arg, str):
+        if padding_arg == "valid":
+            padding = ((0, 0),) * 3
+        elif padding_arg == "same" and stride == (1, 1, 1):
+            totals = [dilation[d] * (kernel[d] - 1) for d in range(3)]
+            padding = tuple((t // 2, t - t // 2) for t in totals)  # type: ignore[assignment]
+        else:
+            return f"padding={padding_arg!r} with stride {stride} has no fixed zero padding"
+    else:
+        padding = tuple((p, p) for p in triple(padding_arg))  # type: ignore[assignment]
+    return Conv3dGeometry(
+        shapes[0],
+        shapes[1],  # type: ignore[arg-type]
+        stride,
+        padding,
+        dilation,
+        int(kwargs.get("groups", 1)),
+        kwargs.get("bias") is not None,
+        dynamic_batch,
+    )
+
+
+def _pad_hw(x: torch.Tensor, geometry: Conv3dGeometry) -> tuple[torch.Tensor, tuple[int, int]]:
+    symmetric = geometry.spatial_padding()
+    if symmetric is not None:
+        return x, symmetric
+    (top, bottom), (left, right) = geometry.padding[1], geometry.padding[2]
+    return F.pad(x, (left, right, top, bottom)), (0, 0)
+
+
+def _fold_taps(weight: torch.Tensor, taps: range) -> torch.Tensor:
+    """(O, C/g, kd, kh, kw) -> (O, len(taps)*C/g, kh, kw), channels ordered (tap, channel) in each group."""
+    part = weight[:, :, taps.start : taps.stop]
+    return part.permute(0, 2, 1, 3, 4).reshape(weight.shape[0], -1, weight.shape[3], weight.shape[4])
+
+
+def _fold_frames(tap_frames: list[torch.Tensor], batch: int, groups: int, h: int, w: int) -> torch.Tensor:
+    """Tap frames (A, count, C*h*w) -> conv2d input (batch, taps*C, h, w), channels (tap, C) in each group.
+
+    The conv's input is a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``): without groups, the taps
+    concatenated along the channel dim of 4-D tensors, which is the folding itself.
+    """
+    if len(tap_frames) == 1:
+        return as_cat(tap_frames[0].reshape(batch, -1, h, w))
+    if groups == 1:
+        return torch.cat([t.reshape(batch, -1, h, w) for t in tap_frames], 1)
+    grouped = [t.reshape(batch, groups, -1) for t in tap_frames]
+    return as_cat(torch.cat(grouped, 2).reshape(batch, -1, h, w))
+
+
+def conv2d_constants(
+    weight: torch.Tensor, bias: torch.Tensor | None, geometry: Conv3dGeometry, depth_taps: DepthTaps = "fold"
+) -> list[torch.Tensor]:
+    """The constants ``conv3d_as_conv2d`` reads, in the order it reads them, computed from the 3-D weight.
+
+    XNNPACK and pt2e need a conv's weight to be a parameter, so the slicing and folding of the 3-D weight
+    is done here, ahead of time, and every conv2d gets its own weight and bias: pt2e annotates a conv
+    only when its weight and bias are not already annotated for another one. A run of output frames that
+    reads only padding (padding wider than the kernel) gets its value: the bias, or zero.
+    """
+    out_c, _, _, kh, kw = weight.shape
+    form = geometry.form
+    with_bias = [bias.clone()] if bias is not None else []
+    if form == "one patch":
+        return [weight.reshape(out_c, -1), *with_bias]
+    if form == "depth tiles":
+        return [weight.reshape(out_c, -1, kh, kw), *with_bias]
+    n, _, _, ho, wo = geometry.output_shape
+    constants: list[torch.Tensor] = []
+    for run in geometry.frame_runs():
+        if not run.taps:
+            value = bias if bias is not None else torch.zeros(out_c, dtype=weight.dtype)
+            constants.append(value.reshape(1, 1, out_c, 1, 1).expand(n, run.count, out_c, ho, wo).clone())
+        elif depth_taps == "fold":
+            constants += [_fold_taps(weight, run.taps), *(b.clone() for b in with_bias)]
+        else:
+            for j in run.taps:
+                constants.append(weight[:, :, j].clone())
+                if j == run.taps.start:
+                    constants += [b.clone() for b in with_bias]
+    return constants
+
+
+def conv3d_as_conv2d(
+    x: torch.Tensor,
+    constants: Sequence[torch.Tensor],
+    geometry: Conv3dGeometry,
+    depth_taps: DepthTaps = "fold",
+) -> torch.Tensor:
+    """``conv3d(x, weight, bias)`` computed with view/permute/slice/cat and conv2d or linear.
+
+    ``constants`` is ``conv2d_constants(weight, bias, geometry, depth_taps)``. This is the function the
+    rewrite traces into the graph, so its eager result is exactly what the rewritten program computes.
+    """
+    n, c, d, h, w = geometry.input_shape
+    out_c, _, kd, kh, kw = geometry.weight_shape
+    _, _, do, ho, wo = geometry.output_shape
+    sd, sh, sw = geometry.stride
+    _, dh, dw = geometry.dilation
+    groups = geometry.groups
+    form = geometry.form
+    read = iter(constants)
+
+    def bias() -> torch.Tensor | None:
+        return next(read) if geometry.has_bias else None
+
+    if form == "one patch":
+        patch = x[:, :, :kd, :kh, :kw] if (d, h, w) != (kd, kh, kw) else x
+        y = F.linear(patch.reshape(n, c * kd * kh * kw), next(read), bias())
+        return y.reshape(n, out_c, 1, 1, 1)
+    if form == "depth tiles":
+        tiles = x if do * kd == d else x[:, :, : do * kd]
+        folded = tiles.reshape(n, c, do, kd, h, w).permute(0, 2, 1, 3, 4, 5).reshape(n * do, c * kd, h, w)
+        folded = as_cat(folded)
+        folded, padding = _pad_hw(folded, geometry)
+        y = F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups)
+        return y.reshape(n, do, out_c, ho, wo).permute(0, 2, 1, 3, 4)
+    frames = x.permute(0, 2, 1, 3, 4).reshape(n, d, c * h * w)
+    outputs = []
+    for run in geometry.frame_runs():
+        if not run.taps:
+            outputs.append(next(read))
+            continue
+        tap_frames = [select_every(frames, run.input_frame(j), sd, run.count) for j in run.taps]
+        if depth_taps == "fold":
+            folded = _fold_frames(tap_frames, n * run.count, groups, h, w)
+            folded, padding = _pad_hw(folded, geometry)
+            y = F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups)
+        else:
+            summed: torch.Tensor | None = None
+            for tap in tap_frames:
+                one, padding = _pad_hw(as_cat(tap.reshape(n * run.count, c, h, w)), geometry)
+                weight = next(read)
+                part = F.conv2d(one, weight, bias() if summed is None else None, (sh, sw), padding, (dh, dw), groups)
+                summed = part if summed is None else summed + part
+            assert summed is not None
+            y = summed
+        outputs.append(y.reshape(n, run.count, out_c, ho, wo))
+    y = torch.cat(outputs, 1) if len(outputs) > 1 else outputs[0]
+    return y.permute(0, 2, 1, 3, 4)
+
+
+def _one_patch_linear(
+    graph_module: torch.fx.GraphModule, node: torch.fx.Node, operands: ConvOperands, geometry: Conv3dGeometry
+) -> torch.fx.Node:
+    """The one-patch form inserted op by op, so that the batch may stay symbolic (``splice_before``
+    traces static shapes): a patch embedding exported with a dynamic number of patches (Qwen2-VL)."""
+    graph = graph_module.graph
+    _, c, *window = geometry.input_shape
+    out_c, _, *kernel = geometry.weight_shape
+    fake_mode = detect_fake_mode([operands.input.meta["val"]])
+    assert fake_mode is not None, "the nodes of an exported graph have fake values"
+
+    def constant(tensor: torch.Tensor, index: int) -> torch.fx.Node:
+        attr = constant_attribute(graph_module, f"{node.name}_{index}", tensor)
+        attr.meta["val"] = fake_mode.from_tensor(attr.meta["val"], static_shapes=True)
+        return attr
+
+    with graph.inserting_before(node):
+        x = operands.input
+        for dim, (size, k) in enumerate(zip(window, kernel), start=2):
+            if size != k:
+                x = call_like(graph, node, _aten.slice.Tensor, (x, dim, 0, k))
+        flat = call_like(graph, node, _aten.reshape.default, (x, [-1, c * math.prod(kernel)]))
+        weight = constant(operands.weight.reshape(out_c, -1), 0)
+        bias = [constant(operands.bias, 1)] if operands.bias is not None else []
+        y = call_like(graph, node, _aten.linear.default, (flat, weight, *bias))
+        return call_like(graph, node, _aten.reshape.default, (y, [-1, out_c, 1, 1, 1]))
+
+
+class RewriteConv3dPass(NodeRewritePass):
+    """Replaces each 3-D convolution by conv2d/linear ops; what it cannot replace it tags and reports.
+
+    Works on an unlifted ATen graph (``ExportedProgram.module()``): weights are ``get_attr`` nodes, and
+    the rewritten weights become new attributes. ``depth_taps`` picks the general form (see module doc).
+    """
+
+    rule = Rule.CONV3D
+    subject = "3-D convolution"
+
+    def __init__(self, depth_taps: DepthTaps = "fold") -> None:
+        super().__init__()
+        self.depth_taps = depth_taps
+
+    def picks(self, node: torch.fx.Node) -> bool:
+        return conv3d_kind(node) is ConvKind.CONV3D
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        geometry = conv3d_geometry(node)
+        if isinstance(geometry, str):
+            return geometry
+        operands = conv_operands(graph_module, node)
+        if isinstance(operands, str):
+            return operands
+        if geometry.dynamic_batch:
+            if geometry.form != "one patch":
+                return (
+                    "dynamic batch: only a one-patch 3-D convolution (a linear, e.g. a patch embedding) is "
+                    "rewritten with a dynamic batch; the other forms fold the batch into the frames"
+                )
+            node.replace_all_uses_with(_one_patch_linear(graph_module, node, operands, geometry))
+            logger.debug("%s: 3-D convolution rewritten (one patch, dynamic batch)", node.name)
+            return None
+        depth_taps = self.depth_taps
+        constants = conv2d_constants(operands.weight, operands.bias, geometry, depth_taps)
+
+        def replacement(x_: torch.Tensor, *constants_: torch.Tensor) -> torch.Tensor:
+            return conv3d_as_conv2d(x_, constants_, geometry, depth_taps)
+
+        inputs: list[torch.fx.Node | torch.Tensor] = [operands.input, *constants]
+        output = splice_before(graph_module, node, replacement, inputs)
+        node.replace_all_uses_with(output)
+        logger.debug("%s: 3-D convolution rewritten (%s)", node.name, geometry.form)
+        return None

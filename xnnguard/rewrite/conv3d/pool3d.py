@@ -1,0 +1,254 @@
+"""Rewrite 3-D max and average pooling as two 2-D poolings that XNNPACK delegates.
+
+Invariant established: no ``max_pool3d``, ``max_pool3d_with_indices`` (indices unused), ``avg_pool3d`` or
+``adaptive_avg_pool3d`` (output size dividing the input size) with static shapes is left. ExecuTorch
+1.5.1 has neither a portable kernel nor an XNNPACK one for them: the program fails at load
+(``kernel 'aten::max_pool3d_with_indices.out' not found``).
+
+A 3-D window is the product of a depth range and an (H, W) window, so the pooling separates: a 2-D
+pooling over (H, W) with the frames in the channels, then a 2-D pooling with a (kd, 1) window over (D,
+H*W). For max that is exact as it stands (a stride above the kernel, which XNNPACK's max pooling
+refuses, pools at a stride that fits and keeps every n-th window). For average, each stage averages over
+the elements it sees (``count_include_pad=False``, the form XNNPACK takes; the extra windows of
+``ceil_mode`` come from an explicit zero pad), and a constant map then turns that into PyTorch's divisor
+(padding counted or not, windows clipped by ``ceil_mode``, ``divisor_override``): the map is PyTorch's
+own ``avg_pool3d`` of a tensor of ones divided by the two stages applied to the same ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch.fx.operator_schemas import normalize_function
+
+from xnnguard.report import Rule
+from xnnguard.rewrite.conv3d.size_args import Triple, triple
+from xnnguard.rewrite.conv3d.strided_select import select_every
+from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rewrite.splice import splice_before
+
+__all__ = ["Pool3d", "RewritePool3dPass", "pool3d", "pool3d_as_2d", "pool3d_correction"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+_aten = torch.ops.aten
+_MAX_POOLS = {_aten.max_pool3d.default, _aten.max_pool3d_with_indices.default}
+_AVG_POOLS = {_aten.avg_pool3d.default}
+_ADAPTIVE_AVG_POOLS = {_aten.adaptive_avg_pool3d.default, _aten._adaptive_avg_pool3d.default}
+
+
+@dataclass(frozen=True)
+class Pool3d:
+    """One 3-D pooling, normalized: every argument spelled out per dim."""
+
+    kind: Literal["max", "avg"]
+    input_shape: tuple[int, ...]  # (N, C, D, H, W) or unbatched (C, D, H, W)
+    kernel: Triple
+    stride: Triple
+    padding: Triple
+    dilation: Triple = (1, 1, 1)
+    ceil_mode: bool = False
+    count_include_pad: bool = True
+    divisor_override: int | None = None
+
+    @property
+    def batched_shape(self) -> tuple[int, int, int, int, int]:
+        shape = self.input_shape if len(self.input_shape) == 5 else (1, *self.input_shape)
+        return shape  # type: ignore[return-value]
+
+    def output_size(self, dim: int) -> int:
+        """PyTorch's pooling output size along spatial ``dim`` (0 = D), ceil_mode included."""
+        size = self.batched_shape[2 + dim]
+        k, s, p, d = self.kernel[dim], self.stride[dim], self.padding[dim], self.dilation[dim]
+        span = size + 2 * p - d * (k - 1) - 1
+        out = (span + (s - 1 if self.ceil_mode else 0)) // s + 1
+        if self.ceil_mode and (out - 1) * s >= size + p:
+            out -= 1
+        return out
+
+    def ceil_extra(self, dim: int) -> int:
+        """Zeros to append along ``dim`` so a floor-mode pooling yields the ceil-mode windows."""
+        size = self.batched_shape[2 + dim]
+        k, s, p, d = self.kernel[dim], self.stride[dim], self.padding[dim], self.dilation[dim]
+        return max(0, (self.output_size(dim) - 1) * s + d * (k - 1) + 1 - (size + 2 * p))
+
+    def why_not(self) -> str | None:
+        """Why XNNPACK could not run the 2-D stages, or None."""
+        if self.kind == "max":
+            for dim, name in ((0, "depth"), (1, "height"), (2, "width")):
+                if self.stride[dim] > self.kernel[dim] and self.ceil_extra(dim) > 0:
+                    return f"{name} stride {self.stride[dim]} > kernel {self.kernel[dim]} with a ceil_mode window"
+        elif self.dilation != (1, 1, 1):
+            return "dilated average pooling"
+        return None
+
+    def _stage_is_identity(self, dims: tuple[int, ...]) -> bool:
+        return all(self.kernel[d] == 1 and self.stride[d] == 1 and self.padding[d] == 0 for d in dims)
+
+
+def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
+    """The pooling ``node`` does, or why it cannot be rewritten, or None when it is not a 3-D pooling."""
+    if node.op != "call_function" or node.target not in _MAX_POOLS | _AVG_POOLS | _ADAPTIVE_AVG_POOLS:
+        return None
+    normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+    if normalized is None:
+        return "its arguments could not be normalized"
+    kwargs = normalized.kwargs
+    x = node.args[0]
+    meta = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(meta, torch.Tensor):
+        return "its input has no shape information"
+    if not all(isinstance(s, int) for s in meta.shape):
+        return f"dynamic shape {tuple(meta.shape)}: the frame folding needs static sizes"
+    shape = tuple(int(s) for s in meta.shape)
+    if node.target in _ADAPTIVE_AVG_POOLS:
+        out = triple(kwargs["output_size"])
+        if any(o <= 0 or size % o for size, o in zip(shape[-3:], out)):
+            return f"adaptive output size {out} does not divide the input size {shape[-3:]}"
+        kernel = tuple(size // o for size, o in zip(shape[-3:], out))
+        return Pool3d("avg", shape, kernel, kernel, (0, 0, 0))  # type: ignore[arg-type]
+    kernel = triple(kwargs["kernel_size"])
+    stride = triple(kwargs.get("stride", []), default=kernel)
+    padding = triple(kwargs.get("padding", 0))
+    if node.target in _MAX_POOLS:
+        indices_used = any(u.target is operator.getitem and u.args[1] == 1 for u in node.users)
+        if node.target is _aten.max_pool3d_with_indices.default and indices_used:
+            return "its indices are used (2-D pooling cannot give 3-D indices)"
+        return Pool3d(
+            "max", shape, kernel, stride, padding, triple(kwargs.get("dilation", 1)), bool(kwargs.get("ceil_mode"))
+        )
+    return Pool3d(
+        "avg",
+        shape,
+        kernel,
+        stride,
+        padding,
+        ceil_mode=bool(kwargs.get("ceil_mode", False)),
+        count_include_pad=bool(kwargs.get("count_include_pad", True)),
+        divisor_override=kwargs.get("divisor_override"),
+    )
+
+
+def _max_stage(x: torch.Tensor, pool: Pool3d, dims: tuple[int, int], out: tuple[int, int]) -> torch.Tensor:
+    """Max over (kernel[dims]) windows of ``x``'s last two dims (dim -1: a window of 1).
+
+    XNNPACK's max pooling needs stride <= kernel. A larger stride pools at the largest stride that
+    divides it and fits the kernel, then keeps every (stride / that)-th window (``select_every``).
+    """
+    kernel = tuple(pool.kernel[d] if d >= 0 else 1 for d in dims)
+    stride = tuple(pool.stride[d] if d >= 0 else 1 for d in dims)
+    padding = tuple(pool.padding[d] if d >= 0 else 0 for d in dims)
+    dilation = tuple(pool.dilation[d] if d >= 0 else 1 for d in dims)
+    pool_stride = tuple(max(t for t in range(1, k + 1) if s % t == 0) for k, s in zip(kernel, stride))
+    trivial = all(k == 1 for k in kernel) and not any(padding)
+    y = x if trivial else F.max_pool2d(x, kernel, pool_stride, padding, dilation, ceil_mode=pool.ceil_mode)
+    a, b, h, w = y.shape
+    step_h, step_w = stride[0] // pool_stride[0], stride[1] // pool_stride[1]
+    if step_h > 1:
+        y = select_every(y.reshape(a * b, h, w), 0, step_h, out[0]).reshape(a, b, out[0], w)
+    if step_w > 1:
+        y = select_every(y.reshape(a * b * out[0], w, 1), 0, step_w, out[1]).reshape(a, b, out[0], out[1])
+    return y
+
+
+def _avg_stage(x: torch.Tensor, pool: Pool3d, dims: tuple[int, int]) -> torch.Tensor:
+    """Average over (kernel[dims]) windows of ``x``'s last two dims, counting only what the window sees."""
+    kernel = tuple(pool.kernel[d] if d >= 0 else 1 for d in dims)
+    stride = tuple(pool.stride[d] if d >= 0 else 1 for d in dims)
+    padding = tuple(pool.padding[d] if d >= 0 else 0 for d in dims)
+    extra = tuple(pool.ceil_extra(d) if d >= 0 else 0 for d in dims)
+    if any(extra):
+        x = F.pad(x, (0, extra[1], 0, extra[0]))
+    return F.avg_pool2d(x, kernel, stride, padding, ceil_mode=False, count_include_pad=False)
+
+
+def pool3d_as_2d(x: torch.Tensor, pool: Pool3d, correction: torch.Tensor | float | None = None) -> torch.Tensor:
+    """``pool``'s 3-D pooling of ``x`` computed with 2-D poolings (traced by the rewrite).
+
+    For average pooling ``correction`` is ``pool3d_correction(pool)``; None computes the uncorrected
+    stages (what the correction is measured against).
+    """
+    n, c, d, h, w = pool.batched_shape
+    do, ho, wo = (pool.output_size(dim) for dim in range(3))
+    y = x.reshape(n, c * d, h, w)
+    if not pool._stage_is_identity((1, 2)):
+        y = _max_stage(y, pool, (1, 2), (ho, wo)) if pool.kind == "max" else _avg_stage(y, pool, (1, 2))
+    y = y.reshape(n, c, d, ho * wo)
+    if not pool._stage_is_identity((0,)):
+        y = _max_stage(y, pool, (0, -1), (do, ho * wo)) if pool.kind == "max" else _avg_stage(y, pool, (0, -1))
+    y = y.reshape(*pool.input_shape[:-3], do, ho, wo)
+    if correction is None:
+        return y
+    return y * correction
+
+
+def pool3d_correction(pool: Pool3d) -> torch.Tensor | float | None:
+    """What multiplies the average stages into PyTorch's ``avg_pool3d``: None (nothing), a number or a map."""
+    if pool.kind != "avg":
+        return None
+    _, _, d, h, w = pool.batched_shape
+    ones = torch.ones(1, 1, d, h, w, dtype=torch.float64)
+    reference = F.avg_pool3d(
+        ones, pool.kernel, pool.stride, pool.padding, pool.ceil_mode, pool.count_include_pad, pool.divisor_override
+    )
+    stages = pool3d_as_2d(ones, replace(pool, input_shape=(1, 1, d, h, w)))
+    ratio = (reference / stages).reshape(reference.shape[2:])  # (Do, Ho, Wo): broadcasts, batched or not
+    if torch.allclose(ratio, torch.ones_like(ratio), rtol=0, atol=1e-12):
+        return None
+    if torch.allclose(ratio, ratio.flatten()[0].expand_as(ratio), rtol=0, atol=1e-12):
+        return float(ratio.flatten()[0])
+    return ratio.to(torch.float32)
+
+
+class RewritePool3dPass(NodeRewritePass):
+    """Replaces each 3-D max/avg pooling by 2-D poolings; what it cannot replace it tags and reports.
+
+    Works on any ATen graph (it needs no weights); the correction map of an average pooling becomes an
+    attribute of the graph module.
+    """
+
+    rule = Rule.NOT_REWRITTEN
+    subject = "3-D pooling"
+
+    def picks(self, node: torch.fx.Node) -> bool:
+        return pool3d(node) is not None
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        pool = pool3d(node)
+        reason = pool if isinstance(pool, str) else pool.why_not() if pool is not None else "not a 3-D pooling"
+        if reason is not None:
+            return reason
+        assert isinstance(pool, Pool3d)
+        self._rewrite(graph_module, node, pool)
+        return None
+
+    @staticmethod
+    def _rewrite(graph_module: torch.fx.GraphModule, node: torch.fx.Node, pool: Pool3d) -> None:
+        correction = pool3d_correction(pool)
+        x = node.args[0]
+        assert isinstance(x, torch.fx.Node)
+        if isinstance(correction, torch.Tensor):
+            inputs: list[torch.fx.Node | torch.Tensor] = [x, correction.to(x.meta["val"].dtype)]
+
+            def replacement(x_: torch.Tensor, *map_: torch.Tensor) -> torch.Tensor:
+                return pool3d_as_2d(x_, pool, map_[0])
+
+        else:
+            inputs = [x]
+
+            def replacement(x_: torch.Tensor, *map_: torch.Tensor) -> torch.Tensor:
+                return pool3d_as_2d(x_, pool, correction)
+
+        output = splice_before(graph_module, node, replacement, inputs)
+        if node.target is _aten.max_pool3d_with_indices.default:
+            for user in list(node.users):
+                user.replace_all_uses_with(output)
+                graph_module.graph.erase_node(user)
+        else:
+            node.replace_all_uses_with(output)
+        logger.debug("%s: 3-D %s pooling rewritten", node.name, pool.kind)

@@ -1,0 +1,86 @@
+"""A max over H or W of a 4-D tensor keeps its dim, written 2 or 3, so XNNPACK lowers it.
+
+``MaxKeepdimPass`` runs on an ATen program (``XnnpackPartitioner.transform_for_pre_decomposition``).
+It rewrites ``torch.max(x, dim)[0]`` whose form XNNPACK 1.5.1 refuses (``keepdim=False``, ``dim=-1``;
+see ``xnnguard.rules.max_reduction``) into ``max(x, 2 or 3, keepdim=True)[0]`` followed by a view to the
+original result shape: the same values, and a max pooling plus a reshape that XNNPACK both runs.
+
+Postcondition: every values-only ``max.dim`` over H or W of a statically shaped 4-D tensor is in the
+form XNNPACK takes. Others (indices used, another dim, dynamic shapes) are left as they are, for the
+partitioner to keep out of XNNPACK.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from xnnguard.rewrite.insert import call_like
+from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rules.max_reduction import (
+    is_max_dim,
+    max_dim_arguments,
+    max_over_height_or_width,
+    max_reduction_violation,
+)
+
+__all__ = ["MaxKeepdimPass"]
+
+
+def _values_only(node: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """The ``getitem(node, 0)`` users of a ``max.dim`` when nothing reads its indices, else None.
+
+    An exported graph may hold an unread ``getitem(node, 1)``; it does not count as reading them.
+    """
+    users = [user for user in node.users if user.users or not _is_getitem(user, 1)]
+    return users if all(_is_getitem(user, 0) for user in users) else None
+
+
+def _is_getitem(node: torch.fx.Node, index: int) -> bool:
+    return node.target is operator.getitem and bool(node.args[1] == index)
+
+
+def _static_shape(value: object) -> list[int] | None:
+    if not isinstance(value, torch.Tensor) or not all(isinstance(size, int) for size in value.shape):
+        return None
+    return [int(size) for size in value.shape]
+
+
+def _rewritable(node: torch.fx.Node) -> bool:
+    if not is_max_dim(node) or max_reduction_violation(node) is None or _values_only(node) is None:
+        return False
+    source, dim, _ = max_dim_arguments(node)
+    shape = _static_shape(source.meta.get("val")) if isinstance(source, torch.fx.Node) else None
+    return shape is not None and max_over_height_or_width(len(shape), dim) is not None
+
+
+class MaxKeepdimPass(NodeRewritePass):
+    """Rewrites ``max(x, dim)[0]`` over H or W of a 4-D tensor into ``view(max(x, 2|3, keepdim=True)[0])``."""
+
+    subject = "max over a dim"
+
+    @staticmethod
+    def applies_to(graph_module: torch.fx.GraphModule) -> bool:
+        """True when the graph has a max the pass rewrites."""
+        return any(_rewritable(node) for node in graph_module.graph.nodes)
+
+    def picks(self, node: torch.fx.Node) -> bool:
+        return _rewritable(node)
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        graph = graph_module.graph
+        source, dim, _ = max_dim_arguments(node)
+        assert isinstance(source, torch.fx.Node)
+        pooled = max_over_height_or_width(source.meta["val"].dim(), dim)
+        values_shape = _static_shape(node.meta["val"][0])
+        with graph.inserting_before(node):
+            kept = call_like(graph, node, torch.ops.aten.max.dim, (source, pooled, True))
+            result = call_like(graph, node, operator.getitem, (kept, 0))
+            if list(result.meta["val"].shape) != values_shape:  # keepdim was False
+                result = call_like(graph, node, torch.ops.aten.view.default, (result, values_shape))
+        for getitem in list(node.users):
+            getitem.replace_all_uses_with(result)
+            graph.erase_node(getitem)
+        graph.erase_node(node)
+        return None

@@ -1,0 +1,73 @@
+"""A PReLU on a tensor of another rank runs as a 4-D PReLU between two views, so XNNPACK lowers it.
+
+``PReLUTo4dPass`` runs on an ATen program (``XnnpackPartitioner.transform_for_pre_decomposition``).
+PReLU scales the negative values of channel ``c`` (dim 1) by ``weight[c]`` (or by its one weight), so
+folding every dim after the channels into H and W leaves each value with its channel:
+``(N, C, D, H, W)`` runs as ``(N, C, D*H, W)``, ``(N, C, L)`` as ``(N, C, 1, L)``, ``(N, C)`` as
+``(N, C, 1, 1)``, and a view brings back the shape. Views and the 4-D PReLU all go to XNNPACK, which
+runs PReLU on 4-D tensors only (``xnnguard.rules.prelu_rank``).
+
+Postcondition: no PReLU on a statically shaped input of rank 2, 3 or above 4 is left. Other PReLUs
+(dynamic shapes, rank 1) are left as they are, for the partitioner to keep out of XNNPACK.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from xnnguard.rewrite.insert import call_like
+from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rules.prelu_rank import PRELU_RANK, is_prelu, prelu_rank_violation
+
+__all__ = ["PReLUTo4dPass", "folded_shape"]
+
+
+def folded_shape(shape: list[int]) -> list[int]:
+    """The 4-D shape ``(N, C, H', W')`` a PReLU input of ``shape`` (rank >= 2) runs as."""
+    batch, channels, *rest = shape
+    if not rest:
+        return [batch, channels, 1, 1]
+    return [batch, channels, math.prod(rest[:-1]), rest[-1]]
+
+
+def _static_shape(node: object) -> list[int] | None:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or not all(isinstance(size, int) for size in value.shape):
+        return None
+    return [int(size) for size in value.shape]
+
+
+def _foldable(node: torch.fx.Node) -> bool:
+    if not is_prelu(node) or prelu_rank_violation(node) is None:
+        return False
+    shape = _static_shape(node.args[0])
+    return shape is not None and len(shape) >= 2
+
+
+class PReLUTo4dPass(NodeRewritePass):
+    """Rewrites ``prelu(x, w)`` on a non-4-D ``x`` into ``view(prelu(view(x, 4-D), w), x.shape)``."""
+
+    subject = "PReLU"
+
+    @staticmethod
+    def applies_to(graph_module: torch.fx.GraphModule) -> bool:
+        """True when the graph has a PReLU the pass folds."""
+        return any(_foldable(node) for node in graph_module.graph.nodes)
+
+    def picks(self, node: torch.fx.Node) -> bool:
+        return _foldable(node)
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        graph = graph_module.graph
+        source, weight = node.args[0], node.args[1]
+        shape = _static_shape(source)
+        assert shape is not None and len(folded_shape(shape)) == PRELU_RANK
+        with graph.inserting_before(node):
+            flat = call_like(graph, node, torch.ops.aten.view.default, (source, folded_shape(shape)))
+            prelu = call_like(graph, node, node.target, (flat, weight))
+            result = call_like(graph, node, torch.ops.aten.view.default, (prelu, shape))
+        node.replace_all_uses_with(result)
+        graph.erase_node(node)
+        return None

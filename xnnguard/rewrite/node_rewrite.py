@@ -1,0 +1,79 @@
+"""``NodeRewritePass``: the shape every xnnguard rewrite shares — pick nodes, rewrite each or say why not.
+
+A subclass states which nodes it looks at (``picks``) and rewrites one (``rewrite``: None when done, else
+one sentence saying why it was left as it was). The base class does the rest the same way for all:
+a rewrite that raises midway has the nodes it inserted erased (rewrites insert first and redirect the
+node's users last, so those nodes are unused) and counts as "left as it was", never a traceback; a node
+left as it was is reported under the subclass's ``rule`` (unless the rewrite is optional,
+``rule = None``) and tagged ``DO_NOT_DELEGATE``; a modified graph is cleaned (dead code, attributes no
+node reads any more), linted and recompiled.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import ClassVar
+
+import torch
+from torch.fx.passes.infra.pass_base import PassBase
+
+from xnnguard.graph.ops import target_name
+from xnnguard.pass_result import ReportedPassResult
+from xnnguard.report import KeptOut, Rule
+from xnnguard.rewrite.splice import drop_unused_attributes
+from xnnguard.rules.tagged import tag
+
+__all__ = ["NodeRewritePass"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+
+class NodeRewritePass(PassBase):
+    """Rewrites every node ``picks`` chooses; reports (and tags) the ones it has to leave as they were."""
+
+    rule: ClassVar[Rule | None] = None  # None: leaving a node as it was is fine and goes unreported
+    subject: ClassVar[str] = "node"  # what a report names: "3-D convolution not rewritten: <reason>"
+    tags_what_it_leaves: ClassVar[bool] = True  # False when a later pass decides about what is left
+
+    def picks(self, node: torch.fx.Node) -> bool:
+        raise NotImplementedError
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        """Replace ``node`` in ``graph_module``; return None when done, else why it was left as it was."""
+        raise NotImplementedError
+
+    def record(self, node: torch.fx.Node, reason: str) -> KeptOut:
+        """The report record of ``node``, left as it was because of ``reason``."""
+        assert self.rule is not None
+        return KeptOut(node.name, target_name(node), self.rule, f"{self.subject} not rewritten: {reason}")
+
+    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
+        graph = graph_module.graph
+        report: list[KeptOut] = []
+        rewritten = 0
+        for node in list(graph.nodes):
+            if not self.picks(node):
+                continue
+            before = set(graph.nodes)
+            try:
+                reason = self.rewrite(graph_module, node)
+            except Exception as error:  # any failure leaves the node as it was, reported
+                reason = f"the rewrite failed ({type(error).__name__}: {error})"
+                for inserted in reversed([n for n in graph.nodes if n not in before]):
+                    if not inserted.users:
+                        graph.erase_node(inserted)
+            if reason is None:
+                rewritten += 1
+            elif self.rule is not None:
+                record = self.record(node, reason)
+                if self.tags_what_it_leaves:
+                    tag(node, record.reason, record.rule)
+                report.append(record)
+                logger.info("%s", record)
+        if rewritten:
+            graph_module.graph.eliminate_dead_code()
+            drop_unused_attributes(graph_module)
+            graph_module.graph.lint()
+            graph_module.recompile()
+            logger.debug("%s: %d %s rewritten", type(self).__name__, rewritten, self.subject)
+        return ReportedPassResult(graph_module, bool(rewritten), report)

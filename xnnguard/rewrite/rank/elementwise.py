@@ -1,0 +1,86 @@
+"""Run each elementwise op above XNNPACK's rank limit on merged dims.
+
+Invariant established: no elementwise op (unary, binary or ``where``, broadcasting included) with
+static shapes has a tensor above ``XNN_MAX_TENSOR_DIMS`` dims when its dims can merge that far; it
+becomes ``reshape`` of each operand -> the op on the merged dims -> ``reshape`` back (folded away by
+``FuseHighRankViewsPass`` when neighbours are views too).
+
+Why it is exact: an elementwise op pairs elements by position. Adjacent output dims along which every
+operand is either full or broadcast merge into one dim of their product without changing which
+elements meet (``dim_groups.broadcast_groups``). When the operands' broadcast patterns alternate over
+more groups than the limit, the op is left and reported.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from xnnguard.rewrite.rank.base import (
+    NEEDS_STATIC_SIZES,
+    HighRankRewritePass,
+    high_rank,
+    insert_op,
+    insert_reshape,
+    static_shape,
+    user_kept_out,
+)
+from xnnguard.rewrite.rank.dim_groups import broadcast_groups, grouped_shape
+from xnnguard.rules.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
+
+__all__ = ["ELEMENTWISE_OPS", "ReduceRankElementwisePass"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+_aten = torch.ops.aten
+
+ELEMENTWISE_OPS = {
+    _aten.add.Tensor, _aten.add.Scalar, _aten.sub.Tensor, _aten.sub.Scalar, _aten.rsub.Scalar,
+    _aten.mul.Tensor, _aten.mul.Scalar, _aten.div.Tensor, _aten.div.Scalar, _aten.div.Tensor_mode,
+    _aten.maximum.default, _aten.minimum.default, _aten.pow.Tensor_Scalar, _aten.pow.Tensor_Tensor,
+    _aten.where.self, _aten.relu.default, _aten.gelu.default, _aten.sigmoid.default, _aten.tanh.default,
+    _aten.neg.default, _aten.abs.default, _aten.exp.default, _aten.log.default, _aten.sqrt.default,
+    _aten.rsqrt.default, _aten.square.default, _aten.floor.default, _aten.ceil.default, _aten.round.default,
+    _aten.clamp.default, _aten.hardtanh.default, _aten.hardswish.default, _aten.hardsigmoid.default,
+    _aten.silu.default, _aten.leaky_relu.default, _aten.elu.default, _aten.clone.default,
+    _aten.reciprocal.default, _aten.erf.default, _aten._to_copy.default, _aten.to.dtype,
+    _aten.eq.Tensor, _aten.eq.Scalar, _aten.ne.Tensor, _aten.ne.Scalar, _aten.lt.Tensor, _aten.lt.Scalar,
+    _aten.gt.Tensor, _aten.gt.Scalar, _aten.le.Tensor, _aten.le.Scalar, _aten.ge.Tensor, _aten.ge.Scalar,
+}
+
+
+class ReduceRankElementwisePass(HighRankRewritePass):
+    """Runs each high-rank elementwise op on merged dims; reports those whose dims do not merge enough."""
+
+    def picks(self, node: torch.fx.Node) -> bool:
+        elementwise = node.op == "call_function" and node.target in ELEMENTWISE_OPS
+        return elementwise and high_rank(node) and not user_kept_out(node)
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        graph = graph_module.graph
+        output_shape = static_shape(node)
+        operands = [arg for arg in node.args if isinstance(arg, torch.fx.Node)]
+        shapes = [static_shape(arg) for arg in operands]
+        if output_shape is None or any(shape is None for shape in shapes):
+            return NEEDS_STATIC_SIZES
+        if any(isinstance(value, torch.fx.Node) for value in node.kwargs.values()):
+            return "a tensor passed by keyword"
+        tensor_shapes = [shape for shape in shapes if shape]  # 0-d operands broadcast as they are
+        groups = broadcast_groups(output_shape, tensor_shapes)
+        if exceeds_rank_limit(len(groups)):
+            return f"its operands' broadcasting leaves {len(groups)} dim groups > {XNN_MAX_TENSOR_DIMS}"
+        rank = len(output_shape)
+        with graph.inserting_before(node):
+            args = []
+            for arg in node.args:
+                shape = static_shape(arg) if isinstance(arg, torch.fx.Node) else None
+                if shape:
+                    merged_shape = grouped_shape(shape, rank, groups)
+                    arg = insert_reshape(graph, arg, merged_shape, like=node)  # type: ignore[arg-type]
+                args.append(arg)
+            merged = insert_op(graph, node.target, args, dict(node.kwargs), like=node)
+            y = insert_reshape(graph, merged, output_shape, like=node)
+        node.replace_all_uses_with(y)
+        logger.debug("%s: %d-D elementwise op on %d merged dims", node.name, rank, len(groups))
+        return None

@@ -1,0 +1,83 @@
+"""Fold chains of views through a high-rank tensor into one reshape, so the high-rank tensor disappears.
+
+Invariant established: no view-like node (``view``, ``reshape``, ``flatten``, ``unsqueeze``...) with
+static shapes reads the output of another view-like node whose tensor is above ``XNN_MAX_TENSOR_DIMS``
+dims; it reads that node's input instead (so does an export-inserted dtype assertion, which a view
+cannot change). ``reshape(reshape(x, s1), s2) == reshape(x, s2)`` for any
+``x`` (both follow row-major order), so the result is unchanged. Once nothing else reads the
+high-rank view, dead-code elimination removes it; a reshape that ends where it started is dropped.
+
+Why: the other rank-reduction passes rewrite one op at a time, ending in reshapes back to the op's
+original high-rank shape; a user's ``x.view(8-D)`` starts the chain. Each such reshape has a high-rank
+side and would stay out of XNNPACK. Folded, the chain goes from one low-rank tensor to the next.
+A high-rank view that something else still needs (a graph output, an op no pass reduces) stays, and
+the composite ``ReduceRankPass`` reports why.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch.fx.passes.infra.pass_base import PassBase
+
+from xnnguard.pass_result import ReportedPassResult
+from xnnguard.rewrite.rank.base import VIEW_OPS, insert_reshape, static_shape, user_kept_out
+from xnnguard.rules.rank_limit import exceeds_rank_limit
+
+__all__ = ["FuseHighRankViewsPass"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+
+def _is_view(node: object) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in VIEW_OPS
+
+
+def _asserts_only_dtype(node: torch.fx.Node) -> bool:
+    """``torch.export``'s ``_assert_tensor_metadata`` (before a ``.to()``) checking no size or stride."""
+    if node.op != "call_function" or node.target is not torch.ops.aten._assert_tensor_metadata.default:
+        return False
+    size = node.args[1] if len(node.args) > 1 else node.kwargs.get("size")
+    stride = node.args[2] if len(node.args) > 2 else node.kwargs.get("stride")
+    return size is None and stride is None
+
+
+class FuseHighRankViewsPass(PassBase):
+    """Makes each view read past the high-rank views before it; drops the ones left unused."""
+
+    @staticmethod
+    def picks(node: torch.fx.Node) -> bool:
+        """A view (or a dtype/device assertion) reading a view with a tensor above the limit, static shapes."""
+        if not (_is_view(node) or _asserts_only_dtype(node)) or static_shape(node.args[0]) is None:
+            return False
+        if user_kept_out(node) or (_is_view(node) and static_shape(node) is None):
+            return False
+        source = node.args[0]
+        shape = static_shape(source)
+        high_rank_view = _is_view(source) and shape is not None and exceeds_rank_limit(len(shape))
+        return high_rank_view and not user_kept_out(source)  # type: ignore[arg-type]
+
+    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
+        graph = graph_module.graph
+        modified = False
+        for node in list(graph.nodes):
+            if not self.picks(node):
+                continue
+            source = node.args[0]
+            assert isinstance(source, torch.fx.Node)
+            origin = source.args[0]
+            assert isinstance(origin, torch.fx.Node)
+            modified = True
+            if _asserts_only_dtype(node):  # a view keeps dtype, device and layout: assert them on its input
+                node.replace_input_with(source, origin)
+                continue
+            with graph.inserting_before(node):
+                fused = insert_reshape(graph, origin, static_shape(node), like=node)  # type: ignore[arg-type]
+            node.replace_all_uses_with(fused)
+            graph.erase_node(node)
+        if modified:
+            graph.eliminate_dead_code()
+            graph.lint()
+            graph_module.recompile()
+        return ReportedPassResult(graph_module, modified, ())

@@ -1,0 +1,14 @@
+"""What XNNPACK (as ExecuTorch 1.5.x lowers to it) cannot take: one rule per module, and the policy.
+
+* ``rank_limit``: tensors of at most ``XNN_MAX_TENSOR_DIMS`` (6) dims;
+* ``conv3d``: a convolution is 3-D when its weight has rank 5, and XNNPACK has none;
+* ``max_reduction``: a max over one dim keeps it, written 2 or 3 of a 4-D tensor;
+* ``prelu_rank``: PReLU on 4-D tensors only;
+* ``passthrough_output``: a partition output stays a value of its own once copies are dropped;
+* ``tagged``: a node tagged do-not-delegate stays out (the tag names the rule that set it);
+* ``keep_out``: ``keep_out_reason``, the one function the tag passes, the partitioner and the
+  rewrites ask.
+
+Every module imports torch only inside the functions that look at graph nodes, so the verifier
+(which reads flatbuffers, not graphs) can ask the rules without importing torch.
+"""
