@@ -17,7 +17,7 @@ PRECISIONS: tuple[Precision, ...] = ("float", "static int8", "dynamic int8")
 
 
 def rewritten(model: torch.nn.Module, x: torch.Tensor) -> torch.export.ExportedProgram:
-    return rewrite_for_xnnpack(torch.export.export(model.eval(), (x,)))
+    return rewrite_for_xnnpack(torch.export.export(model.eval(), (x,)), strict=True)
 
 
 def ops(ep: torch.export.ExportedProgram) -> set[str]:

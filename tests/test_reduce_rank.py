@@ -105,7 +105,7 @@ REDUCTIONS = ["softmax over the last dim", "softmax over a middle dim", "mean ov
 
 def reduce_rank(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.export.ExportedProgram:
     """Export ``model`` and run ``ReduceRankPass`` the way ``rewrite_for_xnnpack`` runs its passes."""
-    return XnnpackRewriter([ReduceRankPass()])(torch.export.export(model.eval(), inputs))
+    return XnnpackRewriter([ReduceRankPass(strict=True)], strict=True)(torch.export.export(model.eval(), inputs))
 
 
 def assert_every_tensor_within_the_limit(graph: torch.fx.Graph) -> None:
@@ -393,7 +393,7 @@ def test_pt2e_flow_with_xnnguards_quantizer_after_rewrite_for_xnnpack_runs_fully
     torch.manual_seed(0)
     model, inputs = SwinWindowPartition().eval(), SwinWindowPartition.example_inputs()
     config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=precision == "dynamic int8")
-    prepared = prepare_pt2e(rewrite_for_xnnpack(torch.export.export(model, inputs)).module(),
+    prepared = prepare_pt2e(rewrite_for_xnnpack(torch.export.export(model, inputs), strict=True).module(),
                             xnnguard.XNNPACKQuantizer().set_global(config))
     prepared(*inputs)
     converted = convert_pt2e(prepared)
@@ -456,7 +456,7 @@ def test_rewrite_for_xnnpack_runs_a_video_model_fully_delegated() -> None:
     """ReduceRankPass at the end of ``rewrite_for_xnnpack``'s list: the 3-D conv and the 8-D window both go."""
     torch.manual_seed(0)
     model, x = VideoWindows().eval(), torch.randn(1, 3, 8, 32, 32)
-    ep = rewrite_for_xnnpack(torch.export.export(model, (x,)))
+    ep = rewrite_for_xnnpack(torch.export.export(model, (x,)), strict=True)
     lowered = lower(ep, (x,), xnnguard.XnnpackPartitioner())
     assert lowered.outside_ops() == {}
     torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], model(x), atol=1e-5, rtol=0)
@@ -472,7 +472,7 @@ def test_an_intermediate_high_rank_tensor_that_is_a_graph_output_is_left_and_rep
             return y.permute(7, 6, 5, 4, 3, 2, 1, 0).reshape(2, -1), y
 
     model, x = PermuteAlsoReturned(), torch.randn(2, 192)
-    rewriter = XnnpackRewriter([ReduceRankPass()])
+    rewriter = XnnpackRewriter([ReduceRankPass(strict=True)], strict=True)
     ep = rewriter(torch.export.export(model, (x,)))
     (record,) = rewriter.report
     assert record.rule is Rule.HIGH_RANK and "graph output" in record.reason
@@ -484,7 +484,7 @@ def test_an_intermediate_high_rank_tensor_that_is_a_graph_output_is_left_and_rep
 def test_a_permute_with_a_dynamic_dim_is_left_tagged_and_reported() -> None:
     model, x = ReshapePermute((-1, 2, 2, 2, 2, 2, 2, 3), (0, 7, 6, 5, 4, 3, 2, 1)), torch.randn(4, 384)
     ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=64)},))
-    rewriter = XnnpackRewriter([ReduceRankPass()])
+    rewriter = XnnpackRewriter([ReduceRankPass(strict=True)], strict=True)
     result = rewriter(ep)
     reasons = {record.node: record.reason for record in rewriter.report}
     (permute,) = [n for n in result.graph.nodes if n.target == torch.ops.aten.permute.default]
@@ -499,7 +499,7 @@ def test_a_reduction_over_dims_that_are_not_adjacent_is_left_and_reported() -> N
             return x.reshape(2, 3, 2, 2, 3, 2, 2, 4).sum(dim=(2, 5)).reshape(2, -1)
 
     model, x = SumOfTwoApartDims(), torch.randn(2, 576)
-    rewriter = XnnpackRewriter([ReduceRankPass()])
+    rewriter = XnnpackRewriter([ReduceRankPass(strict=True)], strict=True)
     ep = rewriter(torch.export.export(model, (x,)))
     assert any("not adjacent" in record.reason for record in rewriter.report)
     torch.testing.assert_close(ep.module()(x), model(x))
@@ -525,7 +525,8 @@ def test_a_left_node_carries_its_tag_through_re_export() -> None:
 
 def test_rewrite_for_xnnpack_tags_only_the_node_left_above_the_limit() -> None:
     inputs = (*Patchify.example_inputs(), torch.randn(2, 192))
-    ep = XnnpackRewriter([ReduceRankPass()])(torch.export.export(PatchifyAndReturnedView(), inputs))
+    rewriter = XnnpackRewriter([ReduceRankPass(strict=True)], strict=True)
+    ep = rewriter(torch.export.export(PatchifyAndReturnedView(), inputs))
     tagged = [n for n in ep.graph.nodes if n.meta.get(DO_NOT_DELEGATE)]
     assert [tuple(n.meta["val"].shape) for n in tagged] == [(2, 2, 2, 2, 2, 2, 2, 3)]
 

@@ -204,7 +204,7 @@ def test_a_conv_with_a_dynamic_depth_is_left_tagged_and_reported() -> None:
     conv = torch.nn.Conv3d(3, 4, 3).eval()
     x = torch.randn(1, 3, 8, 8, 8)
     ep = torch.export.export(conv, (x,), dynamic_shapes=({2: torch.export.Dim("depth", min=4, max=64)},))
-    rewriter = XnnpackRewriter()
+    rewriter = XnnpackRewriter(strict=True)
     result = rewriter(ep)
     (record,) = rewriter.report
     assert record.rule is Rule.CONV3D and "dynamic shape" in record.reason
@@ -223,7 +223,7 @@ def test_a_patch_embedding_with_a_dynamic_number_of_patches_runs_as_one_delegate
     """Qwen2-VL exported the way it is used: the number of patches depends on the image."""
     torch.manual_seed(0)
     model, x = Qwen2VLPatchEmbed().eval(), torch.randn(32, 3 * 2 * 14 * 14)
-    ep = rewrite_for_xnnpack(torch.export.export(model, (x,), dynamic_shapes=PATCHES))
+    ep = rewrite_for_xnnpack(torch.export.export(model, (x,), dynamic_shapes=PATCHES), strict=True)
     reference: torch.nn.Module = model
     if precision != "float":
         quantizer = xnnpack_quantizer(per_channel=True, dynamic=precision == "dynamic int8")
@@ -243,7 +243,7 @@ def test_a_patch_embedding_with_a_dynamic_number_of_patches_runs_as_one_delegate
 def test_a_conv_with_a_dynamic_batch_that_is_not_one_patch_is_left_and_reported() -> None:
     conv = torch.nn.Conv3d(3, 4, 3).eval()
     ep = torch.export.export(conv, (torch.randn(2, 3, 4, 6, 6),), dynamic_shapes=({0: torch.export.Dim("batch")},))
-    rewriter = XnnpackRewriter()
+    rewriter = XnnpackRewriter(strict=True)
     rewriter(ep)
     (record,) = rewriter.report
     assert record.rule is Rule.CONV3D and "dynamic batch: only a one-patch" in record.reason
@@ -262,13 +262,16 @@ def test_rewriting_twice_changes_nothing_the_second_time() -> None:
     conv = torch.nn.Conv3d(2, 3, 3, padding=1).eval()
     x = torch.randn(1, 2, 4, 5, 5)
     once = rewritten(conv, x)
-    rewriter = XnnpackRewriter()
-    assert rewriter(once) is once and rewriter.report == []
+    rewriter = XnnpackRewriter(strict=True)
+    twice = rewriter(once)
+    assert twice.graph_module.code == once.graph_module.code and rewriter.report == []
 
 
-def test_a_program_without_3d_ops_comes_back_as_it_was() -> None:
+def test_a_program_nothing_rewrites_comes_back_as_a_new_program() -> None:
     ep = torch.export.export(torch.nn.Linear(4, 2).eval(), (torch.randn(3, 4),))
-    assert rewrite_for_xnnpack(ep) is ep
+    result = rewrite_for_xnnpack(ep, strict=True)
+    assert result is not ep and result.graph_module is not ep.graph_module
+    assert result.graph_module.code == ep.graph_module.code
 
 
 def test_a_core_aten_program_without_example_inputs_is_rewritten_too() -> None:
@@ -277,7 +280,7 @@ def test_a_core_aten_program_without_example_inputs_is_rewritten_too() -> None:
     x = torch.randn(1, 8, 6, 8, 8)
     ep = torch.export.export(block, (x,)).run_decompositions()
     ep.example_inputs = None  # type: ignore[assignment]
-    result = rewrite_for_xnnpack(ep)
+    result = rewrite_for_xnnpack(ep, strict=True)
     assert "convolution" not in ops(result) and "_native_batch_norm_legit_no_training" not in ops(result)
     with torch.no_grad():
         torch.testing.assert_close(result.module()(x), block(x), atol=1e-5, rtol=1e-5)
@@ -290,7 +293,7 @@ def test_a_failing_pass_is_named_in_a_clear_error() -> None:
 
     ep = torch.export.export(torch.nn.Conv3d(1, 1, 1).eval(), (torch.randn(1, 1, 2, 2, 2),))
     with pytest.raises(RewriteError, match=r"Broken failed \(after RewriteConv3dPass\): cannot do this"):
-        XnnpackRewriter([RewriteConv3dPass(), Broken()])(ep)
+        XnnpackRewriter([RewriteConv3dPass(), Broken()], strict=True)(ep)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -316,7 +319,7 @@ class NoisyWeightConv3d(torch.nn.Module):
 
 def test_a_conv3d_whose_weight_is_random_on_every_call_is_left_and_reported() -> None:
     ep = torch.export.export(NoisyWeightConv3d(), (torch.randn(1, 2, 4, 6, 6),))
-    rewriter = XnnpackRewriter()
+    rewriter = XnnpackRewriter(strict=True)
     rewriter(ep)
     (record,) = rewriter.report
     assert record.reason == "3-D convolution not rewritten: its weight is not computed from parameters alone"

@@ -105,7 +105,7 @@ def test_max_pool_whose_indices_are_used_is_left_tagged_and_reported() -> None:
 
     x = torch.randn(1, 2, 4, 4, 4)
     ep = torch.export.export(MaxWithIndices(), (x,)).run_decompositions()
-    rewriter = XnnpackRewriter()
+    rewriter = XnnpackRewriter(strict=True)
     result = rewriter(ep)
     (record,) = rewriter.report
     assert "indices are used" in record.reason
@@ -116,7 +116,7 @@ def test_max_pool_whose_indices_are_used_is_left_tagged_and_reported() -> None:
 def test_max_pool_with_unused_indices_after_decomposition_is_rewritten() -> None:
     x = torch.randn(1, 2, 4, 6, 6)
     model = Pool(torch.nn.MaxPool3d(2)).eval()
-    ep = XnnpackRewriter()(torch.export.export(model, (x,)).run_decompositions())
+    ep = XnnpackRewriter(strict=True)(torch.export.export(model, (x,)).run_decompositions())
     assert "max_pool3d_with_indices" not in ops(ep)
     torch.testing.assert_close(ep.module()(x), model(x))
 

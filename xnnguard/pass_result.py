@@ -1,8 +1,8 @@
-"""``PassResult`` plus the report of what the pass did: passes stay pure functions of the graph."""
+"""What a pass returns (``PassResult`` plus the report of what it did), and what it raises when it breaks its word."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import cast
 
 import torch
@@ -10,7 +10,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from xnnguard.report import KeptOut
 
-__all__ = ["ReportedPassResult"]
+__all__ = ["PostconditionError", "ReportedPassResult"]
 
 
 class ReportedPassResult(PassResult):
@@ -25,3 +25,12 @@ class ReportedPassResult(PassResult):
         result = cast(ReportedPassResult, super().__new__(cls, graph_module, modified))
         result.report = tuple(report)
         return result
+
+
+class PostconditionError(AssertionError):
+    """A pass left the graph in a state its ``ensures`` rules out: ``nodes`` are the nodes that show it."""
+
+    def __init__(self, pass_name: str, promise: str, nodes: Sequence[str]) -> None:
+        self.pass_name, self.promise, self.nodes = pass_name, promise, tuple(nodes)
+        shown = ", ".join(self.nodes[:8]) + (f" and {len(self.nodes) - 8} more" if len(self.nodes) > 8 else "")
+        super().__init__(f"{pass_name} promises {promise}, but not for {shown}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.pass_result import ReportedPassResult
+from xnnguard.pass_result import PostconditionError, ReportedPassResult
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rules.keep_out import keep_out_reason
 from xnnguard.rules.tagged import DO_NOT_DELEGATE, tag, tag_of, tagged_rule
@@ -49,7 +49,8 @@ class _TagPass(PassBase):
     def ensures(self, graph_module: torch.fx.GraphModule) -> None:
         untagged = [node.name for node in graph_module.graph.nodes if _kept_out_untagged(node, self.rule)]
         if untagged:
-            raise AssertionError(f"{type(self).__name__}: left untagged: {', '.join(untagged)}")
+            promise = f"to tag every node the {self.rule.value} rule keeps out"
+            raise PostconditionError(type(self).__name__, promise, untagged)
 
 
 def _kept_out_untagged(node: torch.fx.Node, rule: Rule) -> bool:

@@ -17,7 +17,7 @@ the stock matching it
   fused activation above 6 dims) stay outside; a match that needs a forbidden op or q/dq is not taken;
 * marks q/dq implicit only once the partition of their op is taken (``xnnguard.partition.implicit_qdq``);
 * applies ``force_non_static_weights_for_f32_linear`` to float linears only;
-* records what it kept out and why in ``kept_out``, and logs a one-line summary at INFO.
+* records what it kept out and why in ``report``, and logs a one-line summary at INFO.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from executorch.exir.backend.canonical_partitioners.config_partitioner import (
     is_constant_data,
 )
 from executorch.exir.backend.partitioner import PartitionResult
-from executorch.exir.pass_manager import ExportedProgramPassManager
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import Partition
 
@@ -50,6 +49,7 @@ from xnnguard.partition import implicit_qdq
 from xnnguard.report import KeptOut, Rule, summarize
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
+from xnnguard.rewrite.runner import run_passes
 from xnnguard.rules.keep_out import keep_out_reason
 from xnnguard.tagging import TagConv3dPass, TagHighRankPass
 
@@ -124,7 +124,7 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
     """ExecuTorch's ``XnnpackPartitioner`` that only delegates what XNNPACK 1.5.x can load and run.
 
     After ``partition`` (called for you by ``to_edge_transform_and_lower`` or ``to_backend``),
-    ``kept_out`` lists every node a rule kept out of XNNPACK, with the reason.
+    ``report`` lists every node a rule kept out of XNNPACK, with the reason (``kept_out`` is the same list).
     """
 
     def __init__(
@@ -137,9 +137,14 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
     ) -> None:
         guarded = [_GUARDED_CONFIGS.get(config, config) for config in (configs or ALL_PARTITIONER_CONFIGS)]
         super().__init__(guarded, config_precisions, per_op_mode, verbose, **kwargs)
-        self.kept_out: list[KeptOut] = []
+        self.report: list[KeptOut] = []
         self._ledger = _Ledger()
         self._decomposed: dict[str, KeptOut] = {}  # ops a rule made decompose, found before ``partition``
+
+    @property
+    def kept_out(self) -> list[KeptOut]:
+        """``report``, under its xnnguard 0.1 name."""
+        return self.report
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
         """Rewrite, on the ATen program, the ops that have an equivalent XNNPACK 1.5.1 lowers.
@@ -153,7 +158,8 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         if not rewrites:
             return exported_program
         program = exported_program.run_decompositions({})  # a new graph, as the lowering makes next
-        return ExportedProgramPassManager(rewrites)(program).exported_program
+        run_passes(rewrites, program.graph_module)  # in place: they add ops only, no inputs or weights
+        return program
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram
@@ -177,11 +183,11 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
             tag_pass(gm)
         self._ledger = _Ledger()
         result = super().partition(exported_program)
-        self.kept_out = [*self._decomposed.values(), *self._ledger.kept_out.values()]
+        self.report = [*self._decomposed.values(), *self._ledger.kept_out.values()]
         self._ledger, self._decomposed = _Ledger(), {}
         self._register_quantized_kernels_if_needed(gm)
         delegated = sum(1 for n in gm.graph.nodes if "delegation_tag" in n.meta)
-        logger.info("xnnguard: %s; %d nodes delegated in %d partitions", summarize(self.kept_out), delegated,
+        logger.info("xnnguard: %s; %d nodes delegated in %d partitions", summarize(self.report), delegated,
                     len(result.partition_tags))
         return result
 

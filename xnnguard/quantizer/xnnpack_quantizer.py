@@ -12,7 +12,7 @@ annotates them anyway. Here:
 * ``set_operator_type(aten.conv3d | aten.conv_transpose3d, config)`` configures 3-D convolutions only,
   which stay float. (1.5.1 looks operator types up in a table that lists 1-D, 2-D and 3-D transposed
   convolutions together, so there the config reaches every transposed convolution.)
-* ``left_in_float`` lists every 3-D convolution after ``annotate``, and an INFO line says so;
+* ``report`` lists every 3-D convolution after ``annotate``, and an INFO line says so;
 * ``annotate`` raises ``QuantizedConv3dError`` if a 3-D convolution is annotated all the same (by a
   quantizer that ran before this one).
 """
@@ -47,13 +47,18 @@ class QuantizedConv3dError(ValueError):
 class XNNPACKQuantizer(_StockXNNPACKQuantizer):
     """ExecuTorch's ``XNNPACKQuantizer`` that quantizes everything it would, except 3-D convolutions.
 
-    After ``annotate`` (called for you by ``prepare_pt2e``), ``left_in_float`` lists the 3-D
-    convolutions of the model, which stay float.
+    After ``annotate`` (called for you by ``prepare_pt2e``), ``report`` lists the 3-D convolutions of
+    the model, which stay float (``left_in_float`` is the same list).
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.left_in_float: list[KeptOut] = []
+        self.report: list[KeptOut] = []
+
+    @property
+    def left_in_float(self) -> list[KeptOut]:
+        """``report``, under its xnnguard 0.1 name."""
+        return self.report
 
     def set_operator_type(
         self,
@@ -78,7 +83,7 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
         ``ComposableQuantizer``), or when an ExecuTorch release annotates convolutions outside the
         filtered hook.
         """
-        self.left_in_float = []
+        self.report = []
         model = super().annotate(model)
         for node in model.graph.nodes:
             if is_3d_convolution(node) and _is_quantized(node):
@@ -87,9 +92,9 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
                     "annotated before this quantizer ran (e.g. by an earlier quantizer of a ComposableQuantizer)?"
                 )
         kinds = ((node, conv3d_kind(node)) for node in model.graph.nodes)
-        self.left_in_float = [_left_in_float(node, kind) for node, kind in kinds if kind is not None]
-        count = len(self.left_in_float)
-        names = ", ".join(record.node for record in self.left_in_float) or "none"
+        self.report = [_left_in_float(node, kind) for node, kind in kinds if kind is not None]
+        count = len(self.report)
+        names = ", ".join(record.node for record in self.report) or "none"
         noun = "convolution" if count == 1 else "convolutions"
         logger.info("xnnguard: %d 3-D %s left in float (%s)", count, noun, names)
         return model

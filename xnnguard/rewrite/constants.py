@@ -1,29 +1,19 @@
-"""A convolution node's operands as the rewrites need them: its input node, and its weight and bias as tensors.
+"""The value of a node computed from parameters and literals alone, evaluated once at rewrite time.
 
-The 3-D conv rewrites bake the weight into new 2-D constants, so they apply only when weight and bias
-are constants: parameters (``get_attr`` of the unlifted module), or computed from parameters alone,
+A rewrite that bakes a tensor into new constants (a 3-D conv's weight, folded into 2-D weights) needs
+it as a tensor: a parameter (``get_attr`` of the unlifted module), or computed from parameters alone,
 as a weight-normalized conv's weight is (``aten._weight_norm`` of two parameters; video VAEs use it).
-Such a computation is run once here; otherwise the rewrites say why and leave the node.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.fx.operator_schemas import normalize_function
 
-from xnnguard.rewrite.splice import attribute_tensor
+from xnnguard.rewrite.attributes import attribute_tensor
 
-__all__ = ["ConvOperands", "constant_value", "conv_operands"]
-
-
-@dataclass(frozen=True)
-class ConvOperands:
-    input: torch.fx.Node
-    weight: torch.Tensor
-    bias: torch.Tensor | None
+__all__ = ["constant_value"]
 
 
 _MAX_CONSTANT_OPS = 32  # a weight computed by more ops than this is not a parametrization
@@ -61,18 +51,3 @@ def constant_value(graph_module: torch.fx.GraphModule, node: object) -> torch.Te
             values[current] = current.target(*args, **kwargs)
     value = values[node]
     return value if isinstance(value, torch.Tensor) else None
-
-
-def conv_operands(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> ConvOperands | str:
-    """The operands of convolution ``node``, or why its weight or bias is not a constant."""
-    assert callable(node.target)  # the op of a call_function node
-    normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
-    assert normalized is not None
-    weight = constant_value(graph_module, normalized.kwargs["weight"])
-    if weight is None:
-        return "its weight is not computed from parameters alone"
-    bias_node = normalized.kwargs.get("bias")
-    bias = constant_value(graph_module, bias_node)
-    if bias_node is not None and bias is None:
-        return "its bias is not computed from parameters alone"
-    return ConvOperands(normalized.kwargs["input"], weight, bias)

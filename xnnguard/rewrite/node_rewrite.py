@@ -2,11 +2,15 @@
 
 A subclass states which nodes it looks at (``picks``) and rewrites one (``rewrite``: None when done, else
 one sentence saying why it was left as it was). The base class does the rest the same way for all:
-a rewrite that raises midway has the nodes it inserted erased (rewrites insert first and redirect the
-node's users last, so those nodes are unused) and counts as "left as it was", never a traceback; a node
-left as it was is reported under the subclass's ``rule`` (unless the rewrite is optional,
-``rule = None``) and tagged ``DO_NOT_DELEGATE``; a modified graph is cleaned (dead code, attributes no
-node reads any more), linted and recompiled.
+
+* a rewrite that raises midway has the nodes it inserted erased (rewrites insert first and redirect
+  the node's users last, so those nodes are unused) and counts as "left as it was", never a traceback;
+* a node left as it was is reported under the subclass's ``rule`` (unless the rewrite is optional,
+  ``rule = None``), tagged ``DO_NOT_DELEGATE`` (unless a later pass decides about it,
+  ``tags_what_it_leaves = False``), and marked as left by this pass in its meta;
+* a modified graph is cleaned (dead code, attributes no node reads any more), linted and recompiled;
+* the postcondition (``ensures``): every node the pass still picks afterwards is one it marked as left,
+  so a rewrite that claims success without replacing its node is caught (``PostconditionError``).
 """
 
 from __future__ import annotations
@@ -18,14 +22,16 @@ import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.graph.ops import target_name
-from xnnguard.pass_result import ReportedPassResult
+from xnnguard.pass_result import PostconditionError, ReportedPassResult
 from xnnguard.report import KeptOut, Rule
-from xnnguard.rewrite.splice import drop_unused_attributes
+from xnnguard.rewrite.attributes import drop_unused_attributes
 from xnnguard.rules.tagged import tag
 
 __all__ = ["NodeRewritePass"]
 
 logger = logging.getLogger("xnnguard.rewrite")
+
+_LEFT = "xnnguard_left_by"  # meta: names of the passes that left this node as it was
 
 
 class NodeRewritePass(PassBase):
@@ -41,6 +47,10 @@ class NodeRewritePass(PassBase):
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         """Replace ``node`` in ``graph_module``; return None when done, else why it was left as it was."""
         raise NotImplementedError
+
+    def applies_to(self, graph_module: torch.fx.GraphModule) -> bool:
+        """True when the graph has a node this pass picks (a caller may skip the pass otherwise)."""
+        return any(self.picks(node) for node in graph_module.graph.nodes)
 
     def record(self, node: torch.fx.Node, reason: str) -> KeptOut:
         """The report record of ``node``, left as it was because of ``reason``."""
@@ -64,7 +74,9 @@ class NodeRewritePass(PassBase):
                         graph.erase_node(inserted)
             if reason is None:
                 rewritten += 1
-            elif self.rule is not None:
+                continue
+            node.meta.setdefault(_LEFT, []).append(type(self).__name__)
+            if self.rule is not None:
                 record = self.record(node, reason)
                 if self.tags_what_it_leaves:
                     tag(node, record.reason, record.rule)
@@ -77,3 +89,13 @@ class NodeRewritePass(PassBase):
             graph_module.recompile()
             logger.debug("%s: %d %s rewritten", type(self).__name__, rewritten, self.subject)
         return ReportedPassResult(graph_module, bool(rewritten), report)
+
+    def ensures(self, graph_module: torch.fx.GraphModule) -> None:
+        name = type(self).__name__
+        unhandled = [
+            node.name
+            for node in graph_module.graph.nodes
+            if self.picks(node) and name not in node.meta.get(_LEFT, ())
+        ]
+        if unhandled:
+            raise PostconditionError(name, f"to replace every {self.subject} it picks or to report it", unhandled)

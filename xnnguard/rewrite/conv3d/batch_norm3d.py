@@ -15,8 +15,8 @@ import operator
 import torch
 import torch.nn.functional as F
 
+from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
-from xnnguard.rewrite.splice import splice_before
 
 __all__ = ["RewriteBatchNorm3dPass"]
 

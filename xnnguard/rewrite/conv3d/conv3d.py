@@ -23,25 +23,19 @@ that 1.5.1 can also lower it dynamically quantized.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch._guards import detect_fake_mode
-from torch.fx.operator_schemas import normalize_function
 
-from xnnguard.report import Rule
-from xnnguard.rewrite.constants import ConvOperands, conv_operands
 from xnnguard.rewrite.conv3d.conv_input_cat import as_cat
+from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
 from xnnguard.rewrite.conv3d.size_args import triple
+from xnnguard.rewrite.conv3d.spliced_conv import SplicedConvPass
 from xnnguard.rewrite.conv3d.strided_select import select_every
-from xnnguard.rewrite.insert import call_like
-from xnnguard.rewrite.node_rewrite import NodeRewritePass
-from xnnguard.rewrite.splice import constant_attribute, splice_before
-from xnnguard.rules.conv3d import ConvKind, conv3d_kind
+from xnnguard.rules.conv3d import ConvKind
 
 __all__ = ["Conv3dGeometry", "RewriteConv3dPass", "conv2d_constants", "conv3d_as_conv2d", "conv3d_geometry"]
 
@@ -139,26 +133,10 @@ class Conv3dGeometry:
 
 def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
     """The geometry of the 3-D convolution ``node``, or the reason it cannot be rewritten."""
-    assert callable(node.target)  # the op of a call_function node
-    normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
-    if normalized is None:
-        return "its arguments could not be normalized"
-    kwargs = normalized.kwargs
-    x, weight = kwargs["input"], kwargs["weight"]
-    shapes = []
-    dynamic_batch = False
-    for value in (x, weight):
-        meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
-        if not isinstance(meta, torch.Tensor):
-            return "an input has no shape information"
-        sizes = list(meta.shape)
-        if value is x and len(sizes) == 5 and not isinstance(sizes[0], int):
-            dynamic_batch, sizes[0] = True, 1
-        if not all(isinstance(s, int) for s in sizes):
-            return f"dynamic shape {tuple(meta.shape)}: the depth folding needs static sizes"
-        shapes.append(tuple(int(s) for s in sizes))
-    if len(shapes[0]) != 5:
-        return f"unbatched input of rank {len(shapes[0])}"
+    arguments = conv_arguments(node, allow_dynamic_batch=True)
+    if isinstance(arguments, str):
+        return arguments
+    kwargs, shapes = arguments.kwargs, (arguments.input_shape, arguments.weight_shape)
     if kwargs.get("transposed", False):
         return "transposed convolution"
     stride = triple(kwargs.get("stride", 1))
@@ -177,13 +155,13 @@ def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
         padding = tuple((p, p) for p in triple(padding_arg))  # type: ignore[assignment]
     return Conv3dGeometry(
         shapes[0],
-        shapes[1],  # type: ignore[arg-type]
+        shapes[1],
         stride,
         padding,
         dilation,
-        int(kwargs.get("groups", 1)),
+        int(kwargs.get("groups", 1)),  # type: ignore[call-overload]
         kwargs.get("bias") is not None,
-        dynamic_batch,
+        arguments.dynamic_batch,
     )
 
 
@@ -271,10 +249,10 @@ def conv3d_as_conv2d(
     def bias() -> torch.Tensor | None:
         return next(read) if geometry.has_bias else None
 
-    if form == "one patch":
+    if form == "one patch":  # batch-agnostic (-1): the one form that keeps a dynamic batch
         patch = x[:, :, :kd, :kh, :kw] if (d, h, w) != (kd, kh, kw) else x
-        y = F.linear(patch.reshape(n, c * kd * kh * kw), next(read), bias())
-        return y.reshape(n, out_c, 1, 1, 1)
+        y = F.linear(patch.reshape(-1, c * kd * kh * kw), next(read), bias())
+        return y.reshape(-1, out_c, 1, 1, 1)
     if form == "depth tiles":
         tiles = x if do * kd == d else x[:, :, : do * kd]
         folded = tiles.reshape(n, c, do, kd, h, w).permute(0, 2, 1, 3, 4, 5).reshape(n * do, c * kd, h, w)
@@ -307,75 +285,30 @@ def conv3d_as_conv2d(
     return y.permute(0, 2, 1, 3, 4)
 
 
-def _one_patch_linear(
-    graph_module: torch.fx.GraphModule, node: torch.fx.Node, operands: ConvOperands, geometry: Conv3dGeometry
-) -> torch.fx.Node:
-    """The one-patch form inserted op by op, so that the batch may stay symbolic (``splice_before``
-    traces static shapes): a patch embedding exported with a dynamic number of patches (Qwen2-VL)."""
-    graph = graph_module.graph
-    _, c, *window = geometry.input_shape
-    out_c, _, *kernel = geometry.weight_shape
-    fake_mode = detect_fake_mode([operands.input.meta["val"]])
-    assert fake_mode is not None, "the nodes of an exported graph have fake values"
-
-    def constant(tensor: torch.Tensor, index: int) -> torch.fx.Node:
-        attr = constant_attribute(graph_module, f"{node.name}_{index}", tensor)
-        attr.meta["val"] = fake_mode.from_tensor(attr.meta["val"], static_shapes=True)
-        return attr
-
-    with graph.inserting_before(node):
-        x = operands.input
-        for dim, (size, k) in enumerate(zip(window, kernel), start=2):
-            if size != k:
-                x = call_like(graph, node, _aten.slice.Tensor, (x, dim, 0, k))
-        flat = call_like(graph, node, _aten.reshape.default, (x, [-1, c * math.prod(kernel)]))
-        weight = constant(operands.weight.reshape(out_c, -1), 0)
-        bias = [constant(operands.bias, 1)] if operands.bias is not None else []
-        y = call_like(graph, node, _aten.linear.default, (flat, weight, *bias))
-        return call_like(graph, node, _aten.reshape.default, (y, [-1, out_c, 1, 1, 1]))
-
-
-class RewriteConv3dPass(NodeRewritePass):
+class RewriteConv3dPass(SplicedConvPass[Conv3dGeometry]):
     """Replaces each 3-D convolution by conv2d/linear ops; what it cannot replace it tags and reports.
 
-    Works on an unlifted ATen graph (``ExportedProgram.module()``): weights are ``get_attr`` nodes, and
-    the rewritten weights become new attributes. ``depth_taps`` picks the general form (see module doc).
+    ``depth_taps`` picks the general form (see module doc).
     """
 
-    rule = Rule.CONV3D
+    kind = ConvKind.CONV3D
     subject = "3-D convolution"
 
     def __init__(self, depth_taps: DepthTaps = "fold") -> None:
         super().__init__()
         self.depth_taps = depth_taps
 
-    def picks(self, node: torch.fx.Node) -> bool:
-        return conv3d_kind(node) is ConvKind.CONV3D
-
-    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+    def geometry(self, node: torch.fx.Node) -> Conv3dGeometry | str:
         geometry = conv3d_geometry(node)
-        if isinstance(geometry, str):
-            return geometry
-        operands = conv_operands(graph_module, node)
-        if isinstance(operands, str):
-            return operands
-        if geometry.dynamic_batch:
-            if geometry.form != "one patch":
-                return (
-                    "dynamic batch: only a one-patch 3-D convolution (a linear, e.g. a patch embedding) is "
-                    "rewritten with a dynamic batch; the other forms fold the batch into the frames"
-                )
-            node.replace_all_uses_with(_one_patch_linear(graph_module, node, operands, geometry))
-            logger.debug("%s: 3-D convolution rewritten (one patch, dynamic batch)", node.name)
-            return None
-        depth_taps = self.depth_taps
-        constants = conv2d_constants(operands.weight, operands.bias, geometry, depth_taps)
+        if isinstance(geometry, Conv3dGeometry) and geometry.dynamic_batch and geometry.form != "one patch":
+            return (
+                "dynamic batch: only a one-patch 3-D convolution (a linear, e.g. a patch embedding) is "
+                "rewritten with a dynamic batch; the other forms fold the batch into the frames"
+            )
+        return geometry
 
-        def replacement(x_: torch.Tensor, *constants_: torch.Tensor) -> torch.Tensor:
-            return conv3d_as_conv2d(x_, constants_, geometry, depth_taps)
+    def constants(self, operands: ConvOperands, geometry: Conv3dGeometry) -> list[torch.Tensor]:
+        return conv2d_constants(operands.weight, operands.bias, geometry, self.depth_taps)
 
-        inputs: list[torch.fx.Node | torch.Tensor] = [operands.input, *constants]
-        output = splice_before(graph_module, node, replacement, inputs)
-        node.replace_all_uses_with(output)
-        logger.debug("%s: 3-D convolution rewritten (%s)", node.name, geometry.form)
-        return None
+    def compute(self, x: torch.Tensor, constants: Sequence[torch.Tensor], geometry: Conv3dGeometry) -> torch.Tensor:
+        return conv3d_as_conv2d(x, constants, geometry, self.depth_taps)

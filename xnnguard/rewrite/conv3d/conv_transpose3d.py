@@ -15,19 +15,17 @@ padding and the dilation along depth exactly as PyTorch does, with no bookkeepin
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.fx.operator_schemas import normalize_function
 
-from xnnguard.report import Rule
-from xnnguard.rewrite.constants import conv_operands
 from xnnguard.rewrite.conv3d.conv_input_cat import as_cat
+from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
 from xnnguard.rewrite.conv3d.size_args import Triple, triple
-from xnnguard.rewrite.node_rewrite import NodeRewritePass
-from xnnguard.rewrite.splice import splice_before
-from xnnguard.rules.conv3d import ConvKind, conv3d_kind
+from xnnguard.rewrite.conv3d.spliced_conv import SplicedConvPass
+from xnnguard.rules.conv3d import ConvKind
 
 __all__ = [
     "ConvTranspose3dGeometry",
@@ -71,31 +69,20 @@ class ConvTranspose3dGeometry:
 
 def conv_transpose3d_geometry(node: torch.fx.Node) -> ConvTranspose3dGeometry | str:
     """The geometry of the 3-D transposed convolution ``node``, or why it cannot be rewritten."""
-    assert callable(node.target)  # the op of a call_function node
-    normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
-    if normalized is None:
-        return "its arguments could not be normalized"
-    kwargs = normalized.kwargs
-    shapes = []
-    for value in (kwargs["input"], kwargs["weight"]):
-        meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
-        if not isinstance(meta, torch.Tensor):
-            return "an input has no shape information"
-        if not all(isinstance(s, int) for s in meta.shape):
-            return f"dynamic shape {tuple(meta.shape)}: the depth folding needs static sizes"
-        shapes.append(tuple(int(s) for s in meta.shape))
-    if len(shapes[0]) != 5:
-        return f"unbatched input of rank {len(shapes[0])}"
+    arguments = conv_arguments(node)
+    if isinstance(arguments, str):
+        return arguments
+    kwargs = arguments.kwargs
     if isinstance(kwargs.get("padding", 0), str):
         return f"padding={kwargs['padding']!r}"
     return ConvTranspose3dGeometry(
-        shapes[0],
-        shapes[1],  # type: ignore[arg-type]
+        arguments.input_shape,
+        arguments.weight_shape,
         triple(kwargs.get("stride", 1)),
         triple(kwargs.get("padding", 0)),
         triple(kwargs.get("output_padding", 0)),
         triple(kwargs.get("dilation", 1)),
-        int(kwargs.get("groups", 1)),
+        int(kwargs.get("groups", 1)),  # type: ignore[call-overload]
     )
 
 
@@ -116,7 +103,7 @@ def conv_transpose2d_constants(
 
 
 def conv_transpose3d_as_2d(
-    x: torch.Tensor, constants: list[torch.Tensor] | tuple[torch.Tensor, ...], geometry: ConvTranspose3dGeometry
+    x: torch.Tensor, constants: Sequence[torch.Tensor], geometry: ConvTranspose3dGeometry
 ) -> torch.Tensor:
     """``conv_transpose3d(x, weight, bias)`` with ``conv_transpose2d`` and views (traced by the rewrite).
 
@@ -143,31 +130,19 @@ def conv_transpose3d_as_2d(
     return y + constants[2] if len(constants) > 2 else y
 
 
-class RewriteConvTranspose3dPass(NodeRewritePass):
-    """Replaces each 3-D transposed convolution by 2-D ones; what it cannot replace it tags and reports.
+class RewriteConvTranspose3dPass(SplicedConvPass[ConvTranspose3dGeometry]):
+    """Replaces each 3-D transposed convolution by 2-D ones; what it cannot replace it tags and reports."""
 
-    Works on an unlifted ATen graph (``ExportedProgram.module()``), like ``RewriteConv3dPass``.
-    """
-
-    rule = Rule.CONV3D
+    kind = ConvKind.CONV_TRANSPOSE3D
     subject = "3-D transposed convolution"
 
-    def picks(self, node: torch.fx.Node) -> bool:
-        return conv3d_kind(node) is ConvKind.CONV_TRANSPOSE3D
+    def geometry(self, node: torch.fx.Node) -> ConvTranspose3dGeometry | str:
+        return conv_transpose3d_geometry(node)
 
-    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
-        geometry = conv_transpose3d_geometry(node)
-        if isinstance(geometry, str):
-            return geometry
-        operands = conv_operands(graph_module, node)
-        if isinstance(operands, str):
-            return operands
-        constants = conv_transpose2d_constants(operands.weight, operands.bias, geometry)
+    def constants(self, operands: ConvOperands, geometry: ConvTranspose3dGeometry) -> list[torch.Tensor]:
+        return conv_transpose2d_constants(operands.weight, operands.bias, geometry)
 
-        def replacement(x: torch.Tensor, *constants_: torch.Tensor) -> torch.Tensor:
-            return conv_transpose3d_as_2d(x, constants_, geometry)
-
-        output = splice_before(graph_module, node, replacement, [operands.input, *constants])
-        node.replace_all_uses_with(output)
-        logger.debug("%s: 3-D transposed convolution rewritten", node.name)
-        return None
+    def compute(
+        self, x: torch.Tensor, constants: Sequence[torch.Tensor], geometry: ConvTranspose3dGeometry
+    ) -> torch.Tensor:
+        return conv_transpose3d_as_2d(x, constants, geometry)

@@ -14,8 +14,8 @@ import operator
 import torch
 from torch.fx.node import Argument
 
+from xnnguard.rewrite.attributes import attribute_tensor
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
-from xnnguard.rewrite.splice import attribute_tensor
 from xnnguard.rules.conv3d import ConvKind, conv3d_kind
 
 __all__ = ["FoldBatchNorm3dPass"]

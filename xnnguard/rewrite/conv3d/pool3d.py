@@ -29,8 +29,8 @@ from torch.fx.operator_schemas import normalize_function
 from xnnguard.report import Rule
 from xnnguard.rewrite.conv3d.size_args import Triple, triple
 from xnnguard.rewrite.conv3d.strided_select import select_every
+from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
-from xnnguard.rewrite.splice import splice_before
 
 __all__ = ["Pool3d", "RewritePool3dPass", "pool3d", "pool3d_as_2d", "pool3d_correction"]
 

@@ -16,6 +16,7 @@ import operator
 
 import torch
 
+from xnnguard.graph.shapes import static_shape
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rules.max_reduction import (
@@ -41,17 +42,11 @@ def _is_getitem(node: torch.fx.Node, index: int) -> bool:
     return node.target is operator.getitem and bool(node.args[1] == index)
 
 
-def _static_shape(value: object) -> list[int] | None:
-    if not isinstance(value, torch.Tensor) or not all(isinstance(size, int) for size in value.shape):
-        return None
-    return [int(size) for size in value.shape]
-
-
 def _rewritable(node: torch.fx.Node) -> bool:
     if not is_max_dim(node) or max_reduction_violation(node) is None or _values_only(node) is None:
         return False
     source, dim, _ = max_dim_arguments(node)
-    shape = _static_shape(source.meta.get("val")) if isinstance(source, torch.fx.Node) else None
+    shape = static_shape(source)
     return shape is not None and max_over_height_or_width(len(shape), dim) is not None
 
 
@@ -59,11 +54,6 @@ class MaxKeepdimPass(NodeRewritePass):
     """Rewrites ``max(x, dim)[0]`` over H or W of a 4-D tensor into ``view(max(x, 2|3, keepdim=True)[0])``."""
 
     subject = "max over a dim"
-
-    @staticmethod
-    def applies_to(graph_module: torch.fx.GraphModule) -> bool:
-        """True when the graph has a max the pass rewrites."""
-        return any(_rewritable(node) for node in graph_module.graph.nodes)
 
     def picks(self, node: torch.fx.Node) -> bool:
         return _rewritable(node)
@@ -73,7 +63,7 @@ class MaxKeepdimPass(NodeRewritePass):
         source, dim, _ = max_dim_arguments(node)
         assert isinstance(source, torch.fx.Node)
         pooled = max_over_height_or_width(source.meta["val"].dim(), dim)
-        values_shape = _static_shape(node.meta["val"][0])
+        values_shape = list(node.meta["val"][0].shape)  # static: _rewritable checked the input
         with graph.inserting_before(node):
             kept = call_like(graph, node, torch.ops.aten.max.dim, (source, pooled, True))
             result = call_like(graph, node, operator.getitem, (kept, 0))

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from xnnguard.graph.shapes import static_shape
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rules.prelu_rank import PRELU_RANK, is_prelu, prelu_rank_violation
@@ -32,17 +33,10 @@ def folded_shape(shape: list[int]) -> list[int]:
     return [batch, channels, math.prod(rest[:-1]), rest[-1]]
 
 
-def _static_shape(node: object) -> list[int] | None:
-    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    if not isinstance(value, torch.Tensor) or not all(isinstance(size, int) for size in value.shape):
-        return None
-    return [int(size) for size in value.shape]
-
-
 def _foldable(node: torch.fx.Node) -> bool:
     if not is_prelu(node) or prelu_rank_violation(node) is None:
         return False
-    shape = _static_shape(node.args[0])
+    shape = static_shape(node.args[0])
     return shape is not None and len(shape) >= 2
 
 
@@ -51,19 +45,14 @@ class PReLUTo4dPass(NodeRewritePass):
 
     subject = "PReLU"
 
-    @staticmethod
-    def applies_to(graph_module: torch.fx.GraphModule) -> bool:
-        """True when the graph has a PReLU the pass folds."""
-        return any(_foldable(node) for node in graph_module.graph.nodes)
-
     def picks(self, node: torch.fx.Node) -> bool:
         return _foldable(node)
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         graph = graph_module.graph
         source, weight = node.args[0], node.args[1]
-        shape = _static_shape(source)
-        assert shape is not None and len(folded_shape(shape)) == PRELU_RANK
+        shape = list(static_shape(source) or ())
+        assert len(folded_shape(shape)) == PRELU_RANK
         with graph.inserting_before(node):
             flat = call_like(graph, node, torch.ops.aten.view.default, (source, folded_shape(shape)))
             prelu = call_like(graph, node, node.target, (flat, weight))

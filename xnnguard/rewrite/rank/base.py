@@ -1,20 +1,23 @@
-"""Graph helpers shared by the rank-reduction passes: read static shapes, insert ATen ops with their meta.
+"""What the rank-reduction passes share: which nodes are high-rank, and the reshape -> op -> reshape skeleton.
 
-The passes insert plain ATen ops (``aten.reshape``, ``aten.permute`` and the op being reduced) so that
-they work on any ATen graph from ``torch.export``: the lifted ``ExportedProgram.graph_module`` and the
-unlifted ``ExportedProgram.module()``. Each inserted node gets ``meta["val"]`` computed by running the
-op on its inputs' fake values, so later passes, quantizers and the rank checks read real shapes.
+The passes insert plain ATen ops (``aten.reshape`` and the op being reduced) so that they work on any
+ATen graph from ``torch.export``: the lifted ``ExportedProgram.graph_module`` and the unlifted
+``ExportedProgram.module()``. Most of them run one op on merged dims: ``MergedDimsPass`` is that
+skeleton, and a subclass only says how its op's arguments look on merged dims (``merged``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 import torch.utils._pytree as pytree
 
 from xnnguard.graph.ops import target_name
+from xnnguard.graph.shapes import static_shape
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
@@ -26,12 +29,13 @@ __all__ = [
     "NEEDS_STATIC_SIZES",
     "VIEW_OPS",
     "HighRankRewritePass",
+    "MergedCall",
+    "MergedDimsPass",
+    "Reshaped",
     "high_rank",
-    "insert_op",
     "insert_reshape",
     "left_high_rank",
     "static_input",
-    "static_shape",
     "user_kept_out",
 ]
 
@@ -57,19 +61,10 @@ VIEW_OPS = {
     _aten.unsqueeze_copy.default,
 }
 
-
-def static_shape(value: object) -> tuple[int, ...] | None:
-    """The static shape of a node's (single tensor) value, or None if unknown or dynamic."""
-    meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
-    if not isinstance(meta, torch.Tensor):
-        return None
-    if not all(isinstance(size, int) for size in meta.shape):
-        return None
-    return tuple(int(size) for size in meta.shape)
-
-
 # Why a rank reduction leaves a node with a dynamic size: which dims merge depends on the sizes.
 NEEDS_STATIC_SIZES = "dynamic shape: merging dims needs static sizes"
+
+LEFT_ABOVE_LIMIT = f"left above {XNN_MAX_TENSOR_DIMS} dims: "  # how every reason of a left node starts
 
 
 def static_input(node: torch.fx.Node) -> tuple[torch.fx.Node, tuple[int, ...], tuple[int, ...]] | str:
@@ -85,27 +80,13 @@ def static_input(node: torch.fx.Node) -> tuple[torch.fx.Node, tuple[int, ...], t
 def high_rank(node: torch.fx.Node) -> bool:
     """True when ``node``'s output, or any tensor input, is above XNNPACK's rank limit."""
     values = [node.meta.get("val")] + [arg.meta.get("val") for arg in node.all_input_nodes]
-    return any(
-        isinstance(v, torch.Tensor) and exceeds_rank_limit(v.dim()) for v in pytree.tree_leaves(values)
-    )
+    return any(isinstance(v, torch.Tensor) and exceeds_rank_limit(v.dim()) for v in pytree.tree_leaves(values))
 
 
 def user_kept_out(node: torch.fx.Node) -> bool:
     """True when someone tagged ``node`` ``DO_NOT_DELEGATE``: a rewrite leaves it as it is, since the
     nodes that would replace it carry no tag and XNNPACK would take them."""
     return bool(tag_of(node))
-
-
-def insert_op(
-    graph: torch.fx.Graph,
-    target: object,
-    args: Sequence[object],
-    kwargs: Mapping[str, object] | None = None,
-    like: torch.fx.Node | None = None,
-) -> torch.fx.Node:
-    """Insert ``target(*args, **kwargs)`` at the graph's insertion point, with its fake ``meta["val"]``
-    and ``like``'s provenance (``xnnguard.rewrite.insert``)."""
-    return call_like(graph, like, target, args, kwargs)
 
 
 def insert_reshape(
@@ -118,10 +99,7 @@ def insert_reshape(
     """
     if static_shape(x) == tuple(shape):
         return x
-    return insert_op(graph, _aten.reshape.default, (x, list(shape)), like=like)
-
-
-LEFT_ABOVE_LIMIT = f"left above {XNN_MAX_TENSOR_DIMS} dims: "  # how every reason of a left node starts
+    return call_like(graph, like, _aten.reshape.default, (x, list(shape)))
 
 
 def left_high_rank(node: torch.fx.Node, reason: str) -> KeptOut:
@@ -138,3 +116,60 @@ class HighRankRewritePass(NodeRewritePass):
 
     def record(self, node: torch.fx.Node, reason: str) -> KeptOut:
         return left_high_rank(node, reason)
+
+
+@dataclass(frozen=True)
+class Reshaped:
+    """An operand of a merged op: ``node`` reshaped to ``shape`` first."""
+
+    node: torch.fx.Node
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MergedCall:
+    """A high-rank op as it runs on merged dims: ``target(*args, **kwargs)``, each ``Reshaped`` operand
+    reshaped first (anywhere in the arguments, a list of a cat's inputs too)."""
+
+    target: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class MergedDimsPass(HighRankRewritePass):
+    """A rank reduction of one op as ``reshape`` of its operands -> the op on merged dims -> ``reshape`` back.
+
+    A subclass names its ops (``targets``) and says how one of them runs on merged dims (``merged``);
+    the reshape back to the op's own output shape is folded into neighbouring views later by
+    ``FuseHighRankViewsPass``.
+    """
+
+    targets: ClassVar[frozenset[Any]] = frozenset()
+
+    def picks(self, node: torch.fx.Node) -> bool:
+        targeted = node.op == "call_function" and node.target in self.targets
+        return targeted and high_rank(node) and not user_kept_out(node)
+
+    def merged(self, node: torch.fx.Node) -> MergedCall | str:
+        """``node`` on merged dims, or why its dims cannot merge within the limit."""
+        raise NotImplementedError
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        output_shape = static_shape(node)
+        if output_shape is None:
+            return NEEDS_STATIC_SIZES
+        call = self.merged(node)
+        if isinstance(call, str):
+            return call
+        graph = graph_module.graph
+
+        def reshaped(operand: Reshaped) -> torch.fx.Node:
+            return insert_reshape(graph, operand.node, operand.shape, like=node)
+
+        with graph.inserting_before(node):
+            args, kwargs = pytree.tree_map_only(Reshaped, reshaped, (call.args, call.kwargs))
+            merged = call_like(graph, node, call.target, args, kwargs)
+            y = insert_reshape(graph, merged, output_shape, like=node)
+        node.replace_all_uses_with(y)
+        logger.debug("%s: %s on merged dims %s", node.name, target_name(node), tuple(merged.meta["val"].shape))
+        return None

@@ -13,29 +13,18 @@ more groups than the limit, the op is left and reported.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
-from xnnguard.rewrite.rank.base import (
-    NEEDS_STATIC_SIZES,
-    HighRankRewritePass,
-    high_rank,
-    insert_op,
-    insert_reshape,
-    static_shape,
-    user_kept_out,
-)
+from xnnguard.graph.shapes import static_shape
+from xnnguard.rewrite.rank.base import NEEDS_STATIC_SIZES, MergedCall, MergedDimsPass, Reshaped
 from xnnguard.rewrite.rank.dim_groups import broadcast_groups, grouped_shape
 from xnnguard.rules.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 
 __all__ = ["ELEMENTWISE_OPS", "ReduceRankElementwisePass"]
 
-logger = logging.getLogger("xnnguard.rewrite")
-
 _aten = torch.ops.aten
 
-ELEMENTWISE_OPS = {
+ELEMENTWISE_OPS = frozenset({
     _aten.add.Tensor, _aten.add.Scalar, _aten.sub.Tensor, _aten.sub.Scalar, _aten.rsub.Scalar,
     _aten.mul.Tensor, _aten.mul.Scalar, _aten.div.Tensor, _aten.div.Scalar, _aten.div.Tensor_mode,
     _aten.maximum.default, _aten.minimum.default, _aten.pow.Tensor_Scalar, _aten.pow.Tensor_Tensor,
@@ -47,18 +36,15 @@ ELEMENTWISE_OPS = {
     _aten.reciprocal.default, _aten.erf.default, _aten._to_copy.default, _aten.to.dtype,
     _aten.eq.Tensor, _aten.eq.Scalar, _aten.ne.Tensor, _aten.ne.Scalar, _aten.lt.Tensor, _aten.lt.Scalar,
     _aten.gt.Tensor, _aten.gt.Scalar, _aten.le.Tensor, _aten.le.Scalar, _aten.ge.Tensor, _aten.ge.Scalar,
-}
+})
 
 
-class ReduceRankElementwisePass(HighRankRewritePass):
+class ReduceRankElementwisePass(MergedDimsPass):
     """Runs each high-rank elementwise op on merged dims; reports those whose dims do not merge enough."""
 
-    def picks(self, node: torch.fx.Node) -> bool:
-        elementwise = node.op == "call_function" and node.target in ELEMENTWISE_OPS
-        return elementwise and high_rank(node) and not user_kept_out(node)
+    targets = ELEMENTWISE_OPS
 
-    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
-        graph = graph_module.graph
+    def merged(self, node: torch.fx.Node) -> MergedCall | str:
         output_shape = static_shape(node)
         operands = [arg for arg in node.args if isinstance(arg, torch.fx.Node)]
         shapes = [static_shape(arg) for arg in operands]
@@ -66,21 +52,17 @@ class ReduceRankElementwisePass(HighRankRewritePass):
             return NEEDS_STATIC_SIZES
         if any(isinstance(value, torch.fx.Node) for value in node.kwargs.values()):
             return "a tensor passed by keyword"
-        tensor_shapes = [shape for shape in shapes if shape]  # 0-d operands broadcast as they are
+        tensor_shapes = [shape for shape in shapes if shape is not None and shape]  # 0-d ones broadcast as they are
         groups = broadcast_groups(output_shape, tensor_shapes)
         if exceeds_rank_limit(len(groups)):
             return f"its operands' broadcasting leaves {len(groups)} dim groups > {XNN_MAX_TENSOR_DIMS}"
         rank = len(output_shape)
-        with graph.inserting_before(node):
-            args = []
-            for arg in node.args:
-                shape = static_shape(arg) if isinstance(arg, torch.fx.Node) else None
-                if shape:
-                    merged_shape = grouped_shape(shape, rank, groups)
-                    arg = insert_reshape(graph, arg, merged_shape, like=node)  # type: ignore[arg-type]
-                args.append(arg)
-            merged = insert_op(graph, node.target, args, dict(node.kwargs), like=node)
-            y = insert_reshape(graph, merged, output_shape, like=node)
-        node.replace_all_uses_with(y)
-        logger.debug("%s: %d-D elementwise op on %d merged dims", node.name, rank, len(groups))
-        return None
+
+        def on_groups(arg: object) -> object:
+            shape = static_shape(arg)
+            if not shape:  # not a tensor, or a 0-d one
+                return arg
+            assert isinstance(arg, torch.fx.Node)
+            return Reshaped(arg, grouped_shape(shape, rank, groups))
+
+        return MergedCall(node.target, tuple(on_groups(arg) for arg in node.args), dict(node.kwargs))

@@ -21,8 +21,9 @@ import logging
 import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.pass_result import ReportedPassResult
-from xnnguard.rewrite.rank.base import VIEW_OPS, insert_reshape, static_shape, user_kept_out
+from xnnguard.graph.shapes import static_shape
+from xnnguard.pass_result import PostconditionError, ReportedPassResult
+from xnnguard.rewrite.rank.base import VIEW_OPS, insert_reshape, user_kept_out
 from xnnguard.rules.rank_limit import exceeds_rank_limit
 
 __all__ = ["FuseHighRankViewsPass"]
@@ -81,3 +82,8 @@ class FuseHighRankViewsPass(PassBase):
             graph.lint()
             graph_module.recompile()
         return ReportedPassResult(graph_module, modified, ())
+
+    def ensures(self, graph_module: torch.fx.GraphModule) -> None:
+        unfused = [node.name for node in graph_module.graph.nodes if self.picks(node)]
+        if unfused:
+            raise PostconditionError(type(self).__name__, "that no view reads a high-rank view", unfused)

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 import torch
 
 from xnnguard.graph.args import int_list
+from xnnguard.graph.ops import op_of
+from xnnguard.graph.shapes import static_shape
+from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.rank.base import (
     HighRankRewritePass,
     high_rank,
-    insert_op,
     insert_reshape,
-    static_shape,
     user_kept_out,
 )
 
@@ -57,23 +58,23 @@ class _AffineActivation:
 
 
 def _name(node: object) -> str:
-    target = getattr(node, "target", None)
-    return getattr(target, "__name__", "") if isinstance(node, torch.fx.Node) and node.op == "call_function" else ""
+    found = op_of(node)
+    return found[0] if found is not None else ""
 
 
 def _affine_activation(x: torch.fx.Node) -> _AffineActivation | None:
     """The torchao choose/quantize/dequantize chain that produced ``x``, or None."""
-    if not _name(x).startswith("dequantize_affine"):
+    if _name(x) != "dequantize_affine":
         return None
     quantize = x.args[0]
-    if not isinstance(quantize, torch.fx.Node) or not _name(quantize).startswith("quantize_affine"):
+    if not isinstance(quantize, torch.fx.Node) or _name(quantize) != "quantize_affine":
         return None
     qparams = quantize.args[2:4]
     from_getitem = all(isinstance(q, torch.fx.Node) and q.target is operator.getitem for q in qparams)
     if x.args[2:4] != qparams or not from_getitem:
         return None
     choose = qparams[0].args[0]  # type: ignore[union-attr]
-    if not _name(choose).startswith("choose_qparams_affine"):
+    if _name(choose) != "choose_qparams_affine":
         return None
     if qparams[1].args[0] is not choose:  # type: ignore[union-attr]
         return None
@@ -116,7 +117,7 @@ class FlattenHighRankLinearPass(HighRankRewritePass):
             flat = insert_reshape(graph, source, flat_shape, like=node)
             if activation is not None:
                 flat = _quantize_rows(graph, activation, flat, block_size)  # type: ignore[arg-type]
-            linear = insert_op(graph, node.target, (flat, *node.args[1:]), dict(node.kwargs), like=node)
+            linear = call_like(graph, node, node.target, (flat, *node.args[1:]), dict(node.kwargs))
             y = insert_reshape(graph, linear, output_shape, like=node)
         node.replace_all_uses_with(y)
         logger.debug("%s: linear on a %d-D input flattened to %s", node.name, len(shape), flat_shape)
@@ -129,10 +130,10 @@ def _quantize_rows(
     """``activation``'s choose/quantize/dequantize chain again, on the 2-D ``rows``."""
     choose, quantize, dequantize = activation.choose, activation.quantize, activation.dequantize
     choose_args = (rows, choose.args[1], block_size, *choose.args[3:])
-    qparams = insert_op(graph, choose.target, choose_args, dict(choose.kwargs), like=choose)
-    scale = insert_op(graph, operator.getitem, (qparams, 0), like=choose)
-    zero_point = insert_op(graph, operator.getitem, (qparams, 1), like=choose)
+    qparams = call_like(graph, choose, choose.target, choose_args, dict(choose.kwargs))
+    scale = call_like(graph, choose, operator.getitem, (qparams, 0))
+    zero_point = call_like(graph, choose, operator.getitem, (qparams, 1))
     quantize_args = (rows, block_size, scale, zero_point, *quantize.args[4:])
-    quantized = insert_op(graph, quantize.target, quantize_args, dict(quantize.kwargs), like=quantize)
+    quantized = call_like(graph, quantize, quantize.target, quantize_args, dict(quantize.kwargs))
     dequantize_args = (quantized, block_size, scale, zero_point, *dequantize.args[4:])
-    return insert_op(graph, dequantize.target, dequantize_args, dict(dequantize.kwargs), like=dequantize)
+    return call_like(graph, dequantize, dequantize.target, dequantize_args, dict(dequantize.kwargs))

@@ -19,9 +19,9 @@ import logging
 import torch
 
 from xnnguard.graph.args import int_arg, int_list
+from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.rank.base import (
     HighRankRewritePass,
-    insert_op,
     insert_reshape,
     static_input,
     user_kept_out,
@@ -76,7 +76,7 @@ class ReduceRankPermutePass(HighRankRewritePass):
             y = x
             for step in steps:
                 y = insert_reshape(graph, y, step.input_shape, like=node)
-                y = insert_op(graph, _aten.permute.default, (y, list(step.perm)), like=node)
+                y = call_like(graph, node, _aten.permute.default, (y, list(step.perm)))
             y = insert_reshape(graph, y, output_shape, like=node)
         node.replace_all_uses_with(y)
         shapes = [step.input_shape for step in steps]

@@ -20,8 +20,7 @@ import torch
 from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.pass_result import ReportedPassResult
-from xnnguard.report import KeptOut
+from xnnguard.pass_result import PostconditionError, ReportedPassResult
 from xnnguard.rewrite.rank.base import LEFT_ABOVE_LIMIT, VIEW_OPS, high_rank, left_high_rank, user_kept_out
 from xnnguard.rewrite.rank.cat import ReduceRankCatPass
 from xnnguard.rewrite.rank.elementwise import ReduceRankElementwisePass
@@ -31,6 +30,7 @@ from xnnguard.rewrite.rank.linear import FlattenHighRankLinearPass
 from xnnguard.rewrite.rank.permute import ReduceRankPermutePass
 from xnnguard.rewrite.rank.reduction import ReduceRankReductionPass
 from xnnguard.rewrite.rank.slice import ReduceRankSlicePass
+from xnnguard.rewrite.runner import run_passes
 from xnnguard.rules.rank_limit import exceeds_rank_limit, rank_violation
 from xnnguard.rules.tagged import tag, tag_of
 
@@ -54,23 +54,22 @@ def rank_reduction_passes() -> list[PassBase]:
 
 
 class ReduceRankPass(PassBase):
-    """Runs ``passes`` (default: ``rank_reduction_passes()``) and reports every high-rank node left."""
+    """Runs ``passes`` (default: ``rank_reduction_passes()``), then reports and tags every high-rank node left.
 
-    def __init__(self, passes: Sequence[PassBase] | None = None) -> None:
+    ``strict`` (for tests) makes a pass that breaks its postcondition raise instead of being reported.
+    Postcondition: every node with a tensor above the limit carries a do-not-delegate tag.
+    """
+
+    def __init__(self, passes: Sequence[PassBase] | None = None, *, strict: bool = False) -> None:
         super().__init__()
         self.passes = list(passes) if passes is not None else rank_reduction_passes()
+        self.strict = strict
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        modified = False
-        report: list[KeptOut] = []
-        for rewrite in self.passes:
-            result = rewrite(graph_module)
-            assert result is not None, f"{type(rewrite).__name__} returned no PassResult"
-            graph_module = result.graph_module
-            modified |= result.modified
-            report.extend(getattr(result, "report", ()))
+        result = run_passes(self.passes, graph_module, strict=self.strict)
+        graph_module = result.graph_module
         nodes = {node.name: node for node in graph_module.graph.nodes}
-        report = [record for record in report if record.node in nodes]
+        report = [record for record in result.report if record.node in nodes]
         reported = {record.node for record in report}
         for node in graph_module.graph.nodes:
             if node.op == "call_function" and node.name not in reported and high_rank(node):
@@ -78,7 +77,13 @@ class ReduceRankPass(PassBase):
                 logger.info("%s", report[-1])
         for record in report:  # the tag survives the re-export of ``rewrite_for_xnnpack``
             tag(nodes[record.node], record.reason, record.rule)
-        return ReportedPassResult(graph_module, modified, report)
+        return ReportedPassResult(graph_module, result.modified, report)
+
+    def ensures(self, graph_module: torch.fx.GraphModule) -> None:
+        nodes = graph_module.graph.nodes
+        untagged = [n.name for n in nodes if n.op == "call_function" and high_rank(n) and not tag_of(n)]
+        if untagged:
+            raise PostconditionError(type(self).__name__, "to tag every node it leaves above the rank limit", untagged)
 
 
 def _why_left(node: torch.fx.Node) -> str:

@@ -14,23 +14,13 @@ left and reported.
 
 from __future__ import annotations
 
-import logging
 import math
 
 import torch
 
-from xnnguard.rewrite.rank.base import (
-    HighRankRewritePass,
-    high_rank,
-    insert_op,
-    insert_reshape,
-    static_input,
-    user_kept_out,
-)
+from xnnguard.rewrite.rank.base import MergedCall, MergedDimsPass, Reshaped, static_input
 
 __all__ = ["ReduceRankReductionPass"]
-
-logger = logging.getLogger("xnnguard.rewrite")
 
 _aten = torch.ops.aten
 _SOFTMAXES = {_aten.softmax.int, _aten._softmax.default, _aten.log_softmax.int, _aten._log_softmax.default}
@@ -58,19 +48,16 @@ def _reduced_dims(node: torch.fx.Node, rank: int) -> list[int] | None:
     return sorted({d % rank for d in ints})
 
 
-class ReduceRankReductionPass(HighRankRewritePass):
+class ReduceRankReductionPass(MergedDimsPass):
     """Runs each high-rank softmax/reduction on three merged dims; reports the ones it cannot."""
 
-    def picks(self, node: torch.fx.Node) -> bool:
-        reduces = node.op == "call_function" and (node.target in _SOFTMAXES or node.target in _REDUCTIONS)
-        return reduces and high_rank(node) and not user_kept_out(node)
+    targets = frozenset(_SOFTMAXES | set(_REDUCTIONS))
 
-    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
-        graph = graph_module.graph
+    def merged(self, node: torch.fx.Node) -> MergedCall | str:
         operand = static_input(node)
         if isinstance(operand, str):
             return operand
-        x, shape, output_shape = operand
+        x, shape, _ = operand
         dims = _reduced_dims(node, len(shape))
         if dims is None:
             return "its dims are not constants"
@@ -81,13 +68,15 @@ class ReduceRankReductionPass(HighRankRewritePass):
         before = math.prod(shape[: dims[0]])
         reduced = math.prod(shape[dims[0] : dims[-1] + 1])
         after = math.prod(shape[dims[-1] + 1 :])
-        args, kwargs = list(node.args), dict(node.kwargs)
+        args: list[object] = list(node.args)
+        kwargs = dict(node.kwargs)
         new_dim: int | list[int]
+        merged_shape: tuple[int, ...]
         if node.target is _aten.mean.dim and after == 1 and kwargs.get("dtype") is None:
             # XNNPACK's global average pooling: a 4-D mean over dims (2, 3), keepdim
-            merged_shape, new_dim = [1, before, reduced, 1], [2, 3]
+            merged_shape, new_dim = (1, before, reduced, 1), [2, 3]
         else:
-            merged_shape = [before, reduced] + ([after] if after != 1 else [])
+            merged_shape = (before, reduced) + ((after,) if after != 1 else ())
             new_dim = 1 if node.target in _SOFTMAXES else [1]
         if len(args) > 1:
             args[1] = new_dim
@@ -98,10 +87,5 @@ class ReduceRankReductionPass(HighRankRewritePass):
                 args = [*args[:2], True, *args[3:]]
             else:
                 kwargs["keepdim"] = True
-        with graph.inserting_before(node):
-            args[0] = insert_reshape(graph, x, merged_shape, like=node)
-            merged = insert_op(graph, node.target, args, kwargs, like=node)
-            y = insert_reshape(graph, merged, output_shape, like=node)
-        node.replace_all_uses_with(y)
-        logger.debug("%s: %d-D %s on %s", node.name, len(shape), node.target, merged_shape)
-        return None
+        args[0] = Reshaped(x, merged_shape)
+        return MergedCall(node.target, tuple(args), kwargs)

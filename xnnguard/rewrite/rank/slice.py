@@ -10,44 +10,31 @@ one are only rows and columns of it and can each be one dim.
 
 from __future__ import annotations
 
-import logging
 import math
 
 import torch
 from torch.fx.node import Argument
 
 from xnnguard.graph.args import int_arg
-from xnnguard.rewrite.rank.base import (
-    HighRankRewritePass,
-    high_rank,
-    insert_op,
-    insert_reshape,
-    static_input,
-    user_kept_out,
-)
+from xnnguard.rewrite.rank.base import MergedCall, MergedDimsPass, Reshaped, static_input
 
 __all__ = ["ReduceRankSlicePass"]
-
-logger = logging.getLogger("xnnguard.rewrite")
 
 _aten = torch.ops.aten
 _SLICES = {_aten.slice.Tensor, _aten.slice_copy.Tensor}
 _NARROWS = {_aten.narrow.default, _aten.narrow_copy.default}
 
 
-class ReduceRankSlicePass(HighRankRewritePass):
+class ReduceRankSlicePass(MergedDimsPass):
     """Runs each high-rank slice on three merged dims; reports the ones it cannot."""
 
-    def picks(self, node: torch.fx.Node) -> bool:
-        slices = node.op == "call_function" and (node.target in _SLICES or node.target in _NARROWS)
-        return slices and high_rank(node) and not user_kept_out(node)
+    targets = frozenset(_SLICES | _NARROWS)
 
-    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
-        graph = graph_module.graph
+    def merged(self, node: torch.fx.Node) -> MergedCall | str:
         operand = static_input(node)
         if isinstance(operand, str):
             return operand
-        x, shape, output_shape = operand
+        x, shape, _ = operand
         args = list(node.args) + [None] * (5 - len(node.args))
         dim = node.kwargs.get("dim", args[1] if args[1] is not None else 0)
         if not all(isinstance(v, (int, type(None))) for v in (dim, *args[2:])):
@@ -64,10 +51,5 @@ class ReduceRankSlicePass(HighRankRewritePass):
             start = node.kwargs.get("start", args[2])
             end = node.kwargs.get("end", args[3])
             step = node.kwargs.get("step", args[4] if args[4] is not None else 1)
-        with graph.inserting_before(node):
-            merged_input = insert_reshape(graph, x, (before, shape[dim], after), like=node)
-            merged = insert_op(graph, _aten.slice.Tensor, (merged_input, 1, start, end, step), like=node)
-            y = insert_reshape(graph, merged, output_shape, like=node)
-        node.replace_all_uses_with(y)
-        logger.debug("%s: %d-D slice on 3 merged dims", node.name, len(shape))
-        return None
+        merged_input = Reshaped(x, (before, shape[dim], after))
+        return MergedCall(torch.ops.aten.slice.Tensor, (merged_input, 1, start, end, step))

@@ -1,0 +1,78 @@
+"""A convolution node's operands as the conv rewrites need them: its input node, its weight and bias as tensors.
+
+The 3-D conv rewrites bake the weight into new 2-D constants, so they apply only when weight and bias
+are constants (``xnnguard.rewrite.constants``); otherwise they say why and leave the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.fx.operator_schemas import normalize_function
+
+from xnnguard.rewrite.constants import constant_value
+
+__all__ = ["ConvArguments", "ConvOperands", "conv_arguments", "conv_operands"]
+
+
+Shape5 = tuple[int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class ConvArguments:
+    """A 3-D convolution's arguments by name, with the static shapes of its input and weight.
+
+    ``dynamic_batch``: the input's batch is symbolic (``input_shape[0]`` then stands in for it as 1).
+    """
+
+    kwargs: dict[str, object]
+    input_shape: Shape5
+    weight_shape: Shape5
+    dynamic_batch: bool
+
+
+def conv_arguments(node: torch.fx.Node, *, allow_dynamic_batch: bool = False) -> ConvArguments | str:
+    """``node``'s arguments, normalized, and its input and weight shapes, or why they are not static."""
+    assert callable(node.target)  # the op of a call_function node
+    normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+    if normalized is None:
+        return "its arguments could not be normalized"
+    kwargs = normalized.kwargs
+    shapes = []
+    dynamic_batch = False
+    for value in (kwargs["input"], kwargs["weight"]):
+        meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        if not isinstance(meta, torch.Tensor):
+            return "an input has no shape information"
+        sizes = list(meta.shape)
+        if allow_dynamic_batch and value is kwargs["input"] and len(sizes) == 5 and not isinstance(sizes[0], int):
+            dynamic_batch, sizes[0] = True, 1
+        if not all(isinstance(s, int) for s in sizes):
+            return f"dynamic shape {tuple(meta.shape)}: the depth folding needs static sizes"
+        shapes.append(tuple(int(s) for s in sizes))
+    if len(shapes[0]) != 5:
+        return f"unbatched input of rank {len(shapes[0])}"
+    return ConvArguments(kwargs, shapes[0], shapes[1], dynamic_batch)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ConvOperands:
+    input: torch.fx.Node
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def conv_operands(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> ConvOperands | str:
+    """The operands of convolution ``node``, or why its weight or bias is not a constant."""
+    assert callable(node.target)  # the op of a call_function node
+    normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+    assert normalized is not None
+    weight = constant_value(graph_module, normalized.kwargs["weight"])
+    if weight is None:
+        return "its weight is not computed from parameters alone"
+    bias_node = normalized.kwargs.get("bias")
+    bias = constant_value(graph_module, bias_node)
+    if bias_node is not None and bias is None:
+        return "its bias is not computed from parameters alone"
+    return ConvOperands(normalized.kwargs["input"], weight, bias)

@@ -1,0 +1,70 @@
+"""``SplicedConvPass``: the skeleton the 3-D convolution rewrites share.
+
+Every one of them goes geometry -> operands -> constants -> splice: read the convolution's geometry
+(or why it cannot be rewritten), its operands (the weight and bias must be constants), bake the weight
+into the constants its 2-D form reads, then trace that form (a plain-PyTorch function, testable in
+eager) into the graph in the convolution's place. A subclass supplies the three steps that differ.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import ClassVar, Generic, TypeVar
+
+import torch
+
+from xnnguard.report import Rule
+from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_operands
+from xnnguard.rewrite.insert import splice_before
+from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rules.conv3d import ConvKind, conv3d_kind
+
+__all__ = ["SplicedConvPass"]
+
+logger = logging.getLogger("xnnguard.rewrite")
+
+Geometry = TypeVar("Geometry")
+
+
+class SplicedConvPass(NodeRewritePass, Generic[Geometry]):
+    """Replaces each 3-D convolution of ``kind`` by its 2-D form; what it cannot replace it tags and reports.
+
+    Works on an unlifted ATen graph (``ExportedProgram.module()``): weights are ``get_attr`` nodes, and
+    the rewritten weights become new attributes.
+    """
+
+    kind: ClassVar[ConvKind]
+    rule = Rule.CONV3D
+
+    def picks(self, node: torch.fx.Node) -> bool:
+        return conv3d_kind(node) is self.kind
+
+    def geometry(self, node: torch.fx.Node) -> Geometry | str:
+        """The convolution's geometry, or why it cannot be rewritten."""
+        raise NotImplementedError
+
+    def constants(self, operands: ConvOperands, geometry: Geometry) -> list[torch.Tensor]:
+        """The constants ``compute`` reads, computed ahead of time from the weight and bias."""
+        raise NotImplementedError
+
+    def compute(self, x: torch.Tensor, constants: Sequence[torch.Tensor], geometry: Geometry) -> torch.Tensor:
+        """The convolution of ``x`` in its 2-D form (what is traced into the graph)."""
+        raise NotImplementedError
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        geometry = self.geometry(node)
+        if isinstance(geometry, str):
+            return geometry
+        operands = conv_operands(graph_module, node)
+        if isinstance(operands, str):
+            return operands
+        constants = self.constants(operands, geometry)
+
+        def replacement(x: torch.Tensor, *constants_: torch.Tensor) -> torch.Tensor:
+            return self.compute(x, constants_, geometry)
+
+        output = splice_before(graph_module, node, replacement, [operands.input, *constants])
+        node.replace_all_uses_with(output)
+        logger.debug("%s: %s rewritten", node.name, self.subject)
+        return None
