@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import xnnguard
-from tests.support import Lowered, lower, quant_step, run_pte, xnnpack_quantizer
+from tests.support import Lowered, lower, quant_step, run_pte
 from xnnguard.rewrite.rewrite_for_xnnpack import rewrite_for_xnnpack
 from xnnguard.rules.rank_limit import exceeds_rank_limit
 
@@ -37,8 +38,9 @@ def assert_within_rank_limit(ep: torch.export.ExportedProgram) -> None:
 def quantized_reference(
     ep: torch.export.ExportedProgram, x: torch.Tensor, precision: Precision
 ) -> torch.fx.GraphModule:
-    """pt2e with ExecuTorch's XNNPACKQuantizer (per channel), applied to the rewritten program."""
-    quantizer = xnnpack_quantizer(per_channel=True, dynamic=precision == "dynamic int8")
+    """pt2e with xnnguard's XNNPACKQuantizer (per channel), applied to the rewritten program: the README's flow."""
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=precision == "dynamic int8")
+    quantizer = xnnguard.XNNPACKQuantizer().set_global(config)
     prepared = prepare_pt2e(ep.module(), quantizer)
     prepared(x)
     return convert_pt2e(prepared)

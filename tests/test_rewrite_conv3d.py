@@ -144,7 +144,7 @@ def test_r3d_block_runs_fully_delegated(precision: str) -> None:
     torch.manual_seed(0)
     lowered, out, reference, tolerance = lower_and_run(R3dBlock().eval(), torch.randn(1, 8, 8, 16, 16), precision)  # type: ignore[arg-type]
     assert lowered.outside_ops() == {}
-    assert lowered.delegated_ops()["convolution"] == 2  # the first output frame sees 2 taps, the rest 3
+    assert lowered.delegated_ops()["convolution"] == 1  # the depth padding as zero frames: one conv2d, all taps
     assert "native_batch_norm" not in str(lowered.delegated_ops())  # folded into the conv
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 

@@ -21,6 +21,8 @@ class Rule(str, Enum):
     PASSTHROUGH_OUTPUT = "passthrough_output"  # xnnguard.rules.passthrough_output
     NEEDS_KEPT_OUT_NODE = "needs_kept_out_node"  # an op whose partition needs a node kept out
     NOT_REWRITTEN = "not_rewritten"  # an op XNNPACK has no kernel for that a rewrite could not replace
+    QUANTIZED_PAD = "quantized_pad"  # xnnguard.rules.quantized_pad
+    EXTRA_ROUNDING = "extra_rounding"  # a rewritten form that, quantized, rounds where the original does not
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,10 @@ from typing import Any
 
 import torch
 from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
-from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, MMConfig
 from executorch.backends.xnnpack.partition.config.xnnpack_config import XNNPartitionerConfig
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
     XnnpackPartitioner as _StockXnnpackPartitioner,
 )
-from executorch.backends.xnnpack.utils.quant_utils import is_dequant
 from executorch.exir.backend.canonical_partitioners.config_partitioner import (
     DSJ,
     format_target_name,
@@ -46,60 +44,19 @@ from torch.fx.passes.infra.partitioner import Partition
 
 from xnnguard.graph.ops import target_name
 from xnnguard.partition import implicit_qdq
+from xnnguard.partition.configs import GUARDED_CONFIGS
 from xnnguard.report import KeptOut, Rule, summarize
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
 from xnnguard.rewrite.runner import run_passes
 from xnnguard.rules.keep_out import keep_out_reason
+from xnnguard.rules.quantization_match import quantization_mismatch
+from xnnguard.rules.quantized_pad import unquantized_pad_violation
 from xnnguard.tagging import TagConv3dPass, TagHighRankPass
 
 __all__ = ["XnnpackPartitioner"]
 
 logger = logging.getLogger("xnnguard")
-
-
-class _QuantAwareForceFlag:
-    """``force_non_static_weights_for_f32_linear`` concerns float linears.
-
-    1.5.1 intersects a linear's dependencies with its source partition whenever the flag is set, which
-    drops the dequantize nodes of a *quantized* linear: a static one then fails to lower ("Weight and
-    Input should both be quantized"), a dynamic one runs as a float matmul. The flag is ignored here
-    when the linear's weight comes from a dequantize.
-    """
-
-    force_non_static_weights_for_f32_linear: bool
-    weight_idx: int
-
-    def get_deps_from_src_partition(self, node: torch.fx.Node, ep: ExportedProgram, src_partition: Any) -> Any:
-        force = self.force_non_static_weights_for_f32_linear
-        if not (force and self._weight_is_quantized(node, src_partition)):
-            return super().get_deps_from_src_partition(node, ep, src_partition)  # type: ignore[misc]
-        self.force_non_static_weights_for_f32_linear = False
-        try:
-            return super().get_deps_from_src_partition(node, ep, src_partition)  # type: ignore[misc]
-        finally:
-            self.force_non_static_weights_for_f32_linear = force
-
-    def _weight_is_quantized(self, node: torch.fx.Node, src_partition: Any) -> bool:
-        # The same walk 1.5.1 does to find the linear's weight among the source partition's inputs.
-        weight = node.args[self.weight_idx]
-        while isinstance(weight, torch.fx.Node) and weight.all_input_nodes and weight not in src_partition.input_nodes:
-            weight = weight.all_input_nodes[0]
-        return isinstance(weight, torch.fx.Node) and is_dequant(weight)
-
-
-class _AddmmConfig(_QuantAwareForceFlag, AddmmConfig):
-    pass
-
-
-class _MMConfig(_QuantAwareForceFlag, MMConfig):
-    pass
-
-
-_GUARDED_CONFIGS: dict[type[XNNPartitionerConfig], type[XNNPartitionerConfig]] = {
-    AddmmConfig: _AddmmConfig,
-    MMConfig: _MMConfig,
-}
 
 
 @dataclass
@@ -135,7 +92,7 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         verbose: bool = False,
         **kwargs: Any,
     ) -> None:
-        guarded = [_GUARDED_CONFIGS.get(config, config) for config in (configs or ALL_PARTITIONER_CONFIGS)]
+        guarded = [GUARDED_CONFIGS.get(config, config) for config in (configs or ALL_PARTITIONER_CONFIGS)]
         super().__init__(guarded, config_precisions, per_op_mode, verbose, **kwargs)
         self.report: list[KeptOut] = []
         self._ledger = _Ledger()
@@ -183,11 +140,12 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
             tag_pass(gm)
         self._ledger = _Ledger()
         result = super().partition(exported_program)
-        self.report = [*self._decomposed.values(), *self._ledger.kept_out.values()]
+        delegated = {n.name for n in gm.graph.nodes if "delegation_tag" in n.meta}
+        found = [*self._decomposed.values(), *self._ledger.kept_out.values()]
+        self.report = [record for record in found if record.node not in delegated]  # a later match took it
         self._ledger, self._decomposed = _Ledger(), {}
         self._register_quantized_kernels_if_needed(gm)
-        delegated = sum(1 for n in gm.graph.nodes if "delegation_tag" in n.meta)
-        logger.info("xnnguard: %s; %d nodes delegated in %d partitions", summarize(self.report), delegated,
+        logger.info("xnnguard: %s; %d nodes delegated in %d partitions", summarize(self.report), len(delegated),
                     len(result.partition_tags))
         return result
 
@@ -215,13 +173,39 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
             nodes = self._admissible(node, candidate)
             if nodes is None:
                 continue
-            self._ledger.matches.append(_Match(node, nodes, implicit & set(nodes)))
+            checked = self._int8_checked(node, nodes, implicit & set(nodes))
+            if checked is None:
+                continue
+            nodes, implicit = checked
+            self._ledger.matches.append(_Match(node, nodes, implicit))
             members = [n for n in nodes if not (is_constant_data(ep, n) and dsj.contains(n))]
             if members:
                 dsj.find(members[0])
                 for member in members[1:]:
                     dsj.union(members[0], member)
         return dsj.gen_groups()
+
+    def _int8_checked(
+        self, anchor: torch.fx.Node, nodes: list[torch.fx.Node], implicit: set[torch.fx.Node]
+    ) -> tuple[list[torch.fx.Node], set[torch.fx.Node]] | None:
+        """A match as XNNPACK will take it int8, or None when it cannot be taken at all.
+
+        A pad that ExecuTorch makes int8 needs its dequantize implicit in the same match
+        (``xnnguard.rules.quantized_pad``): otherwise the match is dropped. An op XNNPACK runs int8 only
+        within one quantization whose q/dq differ (``xnnguard.rules.quantization_match``) is taken as the
+        float op it also is: its q/dq leave the match and stay conversions of their own.
+        """
+        for member in nodes:
+            violation = unquantized_pad_violation(member, implicit)
+            if violation is not None:
+                self._ledger.keep_out(KeptOut(member.name, target_name(member), Rule.QUANTIZED_PAD, violation))
+                return None
+        mismatch = quantization_mismatch(anchor, implicit)
+        if mismatch is None:
+            return nodes, implicit
+        logger.debug("xnnguard: %s taken as a float op: %s", anchor.name, mismatch)
+        own = {n for n in implicit if n in anchor.all_input_nodes or anchor in n.all_input_nodes}
+        return [n for n in nodes if n not in own], implicit - own
 
     def _admissible(self, anchor: torch.fx.Node, candidate: list[torch.fx.Node]) -> list[torch.fx.Node] | None:
         """The nodes of a config's match that may go to XNNPACK, or None when the match cannot be taken.

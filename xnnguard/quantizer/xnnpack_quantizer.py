@@ -13,6 +13,10 @@ annotates them anyway. Here:
   which stay float. (1.5.1 looks operator types up in a table that lists 1-D, 2-D and 3-D transposed
   convolutions together, so there the config reaches every transposed convolution.)
 * ``report`` lists every 3-D convolution after ``annotate``, and an INFO line says so;
+* the pieces of a rewritten op are quantized as that op (``xnnguard.quantizer.rewritten_ops``): those
+  of an op left float stay float, so quantizing after ``rewrite_for_xnnpack`` adds no rounding;
+* a zero pad keeps its input's quantization (``xnnguard.quantizer.shared_quantization``), so XNNPACK runs
+  it int8 instead of failing to load it;
 * ``annotate`` raises ``QuantizedConv3dError`` if a 3-D convolution is annotated all the same (by a
   quantizer that ran before this one).
 """
@@ -30,6 +34,8 @@ from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.quantizer import QuantizationConfig
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
+from xnnguard.quantizer.rewritten_ops import keep_float_pieces, observe_inputs_as_the_original, rounding_notes
+from xnnguard.quantizer.shared_quantization import share_input_quantization
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rules.conv3d import ConvKind, conv3d_kind, is_3d_convolution, is_3d_convolution_operator
 
@@ -84,7 +90,10 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
         filtered hook.
         """
         self.report = []
+        keep_float_pieces(model)
         model = super().annotate(model)
+        share_input_quantization(model)
+        observe_inputs_as_the_original(model)
         for node in model.graph.nodes:
             if is_3d_convolution(node) and _is_quantized(node):
                 raise QuantizedConv3dError(
@@ -92,11 +101,14 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
                     "annotated before this quantizer ran (e.g. by an earlier quantizer of a ComposableQuantizer)?"
                 )
         kinds = ((node, conv3d_kind(node)) for node in model.graph.nodes)
-        self.report = [_left_in_float(node, kind) for node, kind in kinds if kind is not None]
-        count = len(self.report)
-        names = ", ".join(record.node for record in self.report) or "none"
-        noun = "convolution" if count == 1 else "convolutions"
-        logger.info("xnnguard: %d 3-D %s left in float (%s)", count, noun, names)
+        left = [_left_in_float(node, kind) for node, kind in kinds if kind is not None]
+        notes = rounding_notes(model)
+        self.report = left + notes
+        names = ", ".join(record.node for record in left) or "none"
+        noun = "convolution" if len(left) == 1 else "convolutions"
+        logger.info("xnnguard: %d 3-D %s left in float (%s)", len(left), noun, names)
+        for note in notes:
+            logger.warning("xnnguard: %s", note)
         return model
 
     def _annotate_all_patterns(

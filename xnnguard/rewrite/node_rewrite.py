@@ -8,6 +8,9 @@ one sentence saying why it was left as it was). The base class does the rest the
 * a node left as it was is reported under the subclass's ``rule`` (unless the rewrite is optional,
   ``rule = None``), tagged ``DO_NOT_DELEGATE`` (unless a later pass decides about it,
   ``tags_what_it_leaves = False``), and marked as left by this pass in its meta;
+* every node a rewrite inserts is stamped with the node it replaces (``xnnguard.rewrite.provenance``):
+  ``pieces_stay_float`` when the op it replaces is one quantization leaves float, and the pass's
+  ``quantization_note`` when its form rounds where the original op does not;
 * a modified graph is cleaned (dead code, attributes no node reads any more), linted and recompiled;
 * the postcondition (``ensures``): every node the pass still picks afterwards is one it marked as left,
   so a rewrite that claims success without replacing its node is caught (``PostconditionError``).
@@ -25,6 +28,7 @@ from xnnguard.graph.ops import target_name
 from xnnguard.pass_result import PostconditionError, ReportedPassResult
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rewrite.attributes import drop_unused_attributes
+from xnnguard.rewrite.provenance import RewriteStamp, stamp
 from xnnguard.rules.tagged import tag
 
 __all__ = ["NodeRewritePass"]
@@ -40,6 +44,7 @@ class NodeRewritePass(PassBase):
     rule: ClassVar[Rule | None] = None  # None: leaving a node as it was is fine and goes unreported
     subject: ClassVar[str] = "node"  # what a report names: "3-D convolution not rewritten: <reason>"
     tags_what_it_leaves: ClassVar[bool] = True  # False when a later pass decides about what is left
+    pieces_stay_float: ClassVar[bool] = False  # the op it replaces is one the XNNPACK quantizer leaves float
 
     def picks(self, node: torch.fx.Node) -> bool:
         raise NotImplementedError
@@ -51,6 +56,10 @@ class NodeRewritePass(PassBase):
     def applies_to(self, graph_module: torch.fx.GraphModule) -> bool:
         """True when the graph has a node this pass picks (a caller may skip the pass otherwise)."""
         return any(self.picks(node) for node in graph_module.graph.nodes)
+
+    def quantization_note(self, node: torch.fx.Node) -> str | None:
+        """Why this pass's form of ``node``, once quantized, rounds where ``node`` does not (None: it does not)."""
+        return None
 
     def record(self, node: torch.fx.Node, reason: str) -> KeptOut:
         """The report record of ``node``, left as it was because of ``reason``."""
@@ -74,6 +83,9 @@ class NodeRewritePass(PassBase):
                         graph.erase_node(inserted)
             if reason is None:
                 rewritten += 1
+                mark = RewriteStamp(node.name, target_name(node), self.pieces_stay_float, self.quantization_note(node))
+                for inserted in (n for n in graph.nodes if n not in before):
+                    stamp(inserted, mark)
                 continue
             node.meta.setdefault(_LEFT, []).append(type(self).__name__)
             if self.rule is not None:

@@ -42,6 +42,8 @@ def _static_5d_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
 class RewriteBatchNorm3dPass(NodeRewritePass):
     """Replaces ``batch_norm(x5d)`` (eval) by ``batch_norm(x.view(N, C, D*H, W)).view(x.shape)``."""
 
+    pieces_stay_float = True  # the XNNPACK quantizer leaves a batch norm of its own float
+
     def picks(self, node: torch.fx.Node) -> bool:
         spec = _BATCH_NORMS.get(node.target) if node.op == "call_function" else None  # type: ignore[call-overload]
         if spec is None:

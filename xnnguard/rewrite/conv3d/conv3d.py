@@ -11,9 +11,12 @@ Three forms, cheapest first:
   also with a dynamic batch (the patch count of an image), the only form that keeps one;
 * **depth tiles** (depth stride == kernel depth, no depth padding, no dilation; also kernel depth 1 with
   stride 1): one 6-D permute folds each window's frames into channels, then one conv2d;
-* **general**: output frames are grouped into runs that see the same kernel taps (the padding only
-  removes taps at the borders, so there is no padding op); per run, the tap frames are folded into
-  channels (``fold``, default: one conv2d per run) or convolved one by one and summed (``sum``).
+* **general**: the depth padding becomes zero frames (a constant pad, exact also in int8), so that every
+  output frame reads every tap; the tap frames are then folded into channels (``fold``, default: one
+  conv2d over all output frames, with the whole weight) or convolved one by one and summed (``sum``).
+  One conv2d with the whole weight is what keeps quantization as the original op has it: one weight
+  quantization and one output rounding (frames at the borders taken apart with fewer taps would each
+  get a weight of their own, quantized to other scales).
 
 Padding modes other than zeros never reach this pass: export spells them as a pad op in front of a conv
 without padding. Each conv2d's input is produced by a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``) so
@@ -33,8 +36,9 @@ import torch.nn.functional as F
 from xnnguard.rewrite.conv3d.conv_input_cat import as_cat
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
 from xnnguard.rewrite.conv3d.size_args import triple
-from xnnguard.rewrite.conv3d.spliced_conv import SplicedConvPass
+from xnnguard.rewrite.conv3d.spliced_conv import Activation, SplicedConvPass
 from xnnguard.rewrite.conv3d.strided_select import select_every
+from xnnguard.rewrite.conv3d.tap_folding import fold_frames, fold_taps
 from xnnguard.rules.conv3d import ConvKind
 
 __all__ = ["Conv3dGeometry", "RewriteConv3dPass", "conv2d_constants", "conv3d_as_conv2d", "conv3d_geometry"]
@@ -44,24 +48,6 @@ logger = logging.getLogger("xnnguard.rewrite")
 DepthTaps = Literal["fold", "sum"]
 
 _aten = torch.ops.aten
-
-
-@dataclass(frozen=True)
-class FrameRun:
-    """Output frames ``first .. first+count-1`` that all see kernel taps ``taps`` (a contiguous range).
-
-    Tap ``j`` of output frame ``first + m`` reads input frame ``input_frame(j) + m * stride``.
-    """
-
-    first: int
-    count: int
-    taps: range
-    stride: int
-    dilation: int
-    pad_front: int
-
-    def input_frame(self, tap: int) -> int:
-        return self.first * self.stride - self.pad_front + tap * self.dilation
 
 
 @dataclass(frozen=True)
@@ -107,23 +93,6 @@ class Conv3dGeometry:
         front, back = self.padding[0]
         no_depth_padding = front == 0 and (back == 0 or self.output_shape[2] * kd <= self.input_shape[2])
         return no_depth_padding and (self.dilation[0] == 1 or kd == 1) and self.stride[0] == kd
-
-    def frame_runs(self) -> list[FrameRun]:
-        """Output frames grouped by the taps that fall inside the input (the rest read zero padding)."""
-        depth = self.input_shape[2]
-        kd, sd, dd, front = self.weight_shape[2], self.stride[0], self.dilation[0], self.padding[0][0]
-        runs: list[FrameRun] = []
-        for frame in range(self.output_shape[2]):
-            base = frame * sd - front
-            taps = range(kd)
-            valid = [j for j in taps if 0 <= base + j * dd < depth]
-            tap_range = range(valid[0], valid[-1] + 1) if valid else range(0)
-            last = runs[-1] if runs else None
-            if last is not None and last.taps == tap_range and last.first + last.count == frame:
-                runs[-1] = FrameRun(last.first, last.count + 1, tap_range, sd, dd, front)
-            else:
-                runs.append(FrameRun(frame, 1, tap_range, sd, dd, front))
-        return runs
 
     def spatial_padding(self) -> tuple[int, int] | None:
         """Symmetric (H, W) padding for conv2d, or None when a side needs an explicit pad."""
@@ -173,35 +142,18 @@ def _pad_hw(x: torch.Tensor, geometry: Conv3dGeometry) -> tuple[torch.Tensor, tu
     return F.pad(x, (left, right, top, bottom)), (0, 0)
 
 
-def _fold_taps(weight: torch.Tensor, taps: range) -> torch.Tensor:
-    """(O, C/g, kd, kh, kw) -> (O, len(taps)*C/g, kh, kw), channels ordered (tap, channel) in each group."""
-    part = weight[:, :, taps.start : taps.stop]
-    return part.permute(0, 2, 1, 3, 4).reshape(weight.shape[0], -1, weight.shape[3], weight.shape[4])
-
-
-def _fold_frames(tap_frames: list[torch.Tensor], batch: int, groups: int, h: int, w: int) -> torch.Tensor:
-    """Tap frames (A, count, C*h*w) -> conv2d input (batch, taps*C, h, w), channels (tap, C) in each group.
-
-    The conv's input is a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``): without groups, the taps
-    concatenated along the channel dim of 4-D tensors, which is the folding itself.
-    """
-    if len(tap_frames) == 1:
-        return as_cat(tap_frames[0].reshape(batch, -1, h, w))
-    if groups == 1:
-        return torch.cat([t.reshape(batch, -1, h, w) for t in tap_frames], 1)
-    grouped = [t.reshape(batch, groups, -1) for t in tap_frames]
-    return as_cat(torch.cat(grouped, 2).reshape(batch, -1, h, w))
-
-
 def conv2d_constants(
-    weight: torch.Tensor, bias: torch.Tensor | None, geometry: Conv3dGeometry, depth_taps: DepthTaps = "fold"
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    geometry: Conv3dGeometry,
+    depth_taps: DepthTaps = "fold",
+    activation: Activation | None = None,
 ) -> list[torch.Tensor]:
     """The constants ``conv3d_as_conv2d`` reads, in the order it reads them, computed from the 3-D weight.
 
     XNNPACK and pt2e need a conv's weight to be a parameter, so the slicing and folding of the 3-D weight
     is done here, ahead of time, and every conv2d gets its own weight and bias: pt2e annotates a conv
-    only when its weight and bias are not already annotated for another one. A run of output frames that
-    reads only padding (padding wider than the kernel) gets its value: the bias, or zero.
+    only when its weight and bias are not already annotated for another one.
     """
     out_c, _, _, kh, kw = weight.shape
     form = geometry.form
@@ -210,19 +162,13 @@ def conv2d_constants(
         return [weight.reshape(out_c, -1), *with_bias]
     if form == "depth tiles":
         return [weight.reshape(out_c, -1, kh, kw), *with_bias]
-    n, _, _, ho, wo = geometry.output_shape
+    if depth_taps == "fold":
+        return [fold_taps(weight, range(weight.shape[2])), *with_bias]
     constants: list[torch.Tensor] = []
-    for run in geometry.frame_runs():
-        if not run.taps:
-            value = bias if bias is not None else torch.zeros(out_c, dtype=weight.dtype)
-            constants.append(value.reshape(1, 1, out_c, 1, 1).expand(n, run.count, out_c, ho, wo).clone())
-        elif depth_taps == "fold":
-            constants += [_fold_taps(weight, run.taps), *(b.clone() for b in with_bias)]
-        else:
-            for j in run.taps:
-                constants.append(weight[:, :, j].clone())
-                if j == run.taps.start:
-                    constants += [b.clone() for b in with_bias]
+    for j in range(weight.shape[2]):
+        constants.append(weight[:, :, j].clone())
+        if j == 0:
+            constants += with_bias
     return constants
 
 
@@ -231,17 +177,19 @@ def conv3d_as_conv2d(
     constants: Sequence[torch.Tensor],
     geometry: Conv3dGeometry,
     depth_taps: DepthTaps = "fold",
+    activation: Activation | None = None,
 ) -> torch.Tensor:
-    """``conv3d(x, weight, bias)`` computed with view/permute/slice/cat and conv2d or linear.
+    """``activation(conv3d(x, weight, bias))`` computed with view/permute/slice/cat and conv2d or linear.
 
-    ``constants`` is ``conv2d_constants(weight, bias, geometry, depth_taps)``. This is the function the
-    rewrite traces into the graph, so its eager result is exactly what the rewritten program computes.
+    ``constants`` is ``conv2d_constants(weight, bias, geometry, depth_taps, activation)``. This is the
+    function the rewrite traces into the graph, so its eager result is exactly what the rewritten program
+    computes. ``activation`` runs right after each conv2d or linear, where quantization fuses it.
     """
     n, c, d, h, w = geometry.input_shape
     out_c, _, kd, kh, kw = geometry.weight_shape
     _, _, do, ho, wo = geometry.output_shape
     sd, sh, sw = geometry.stride
-    _, dh, dw = geometry.dilation
+    dd, dh, dw = geometry.dilation
     groups = geometry.groups
     form = geometry.form
     read = iter(constants)
@@ -249,40 +197,37 @@ def conv3d_as_conv2d(
     def bias() -> torch.Tensor | None:
         return next(read) if geometry.has_bias else None
 
+    def act(y: torch.Tensor) -> torch.Tensor:
+        return activation(y) if activation is not None else y
+
     if form == "one patch":  # batch-agnostic (-1): the one form that keeps a dynamic batch
         patch = x[:, :, :kd, :kh, :kw] if (d, h, w) != (kd, kh, kw) else x
-        y = F.linear(patch.reshape(-1, c * kd * kh * kw), next(read), bias())
+        y = act(F.linear(patch.reshape(-1, c * kd * kh * kw), next(read), bias()))
         return y.reshape(-1, out_c, 1, 1, 1)
     if form == "depth tiles":
         tiles = x if do * kd == d else x[:, :, : do * kd]
         folded = tiles.reshape(n, c, do, kd, h, w).permute(0, 2, 1, 3, 4, 5).reshape(n * do, c * kd, h, w)
         folded = as_cat(folded)
         folded, padding = _pad_hw(folded, geometry)
-        y = F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups)
+        y = act(F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups))
         return y.reshape(n, do, out_c, ho, wo).permute(0, 2, 1, 3, 4)
     frames = x.permute(0, 2, 1, 3, 4).reshape(n, d, c * h * w)
-    outputs = []
-    for run in geometry.frame_runs():
-        if not run.taps:
-            outputs.append(next(read))
-            continue
-        tap_frames = [select_every(frames, run.input_frame(j), sd, run.count) for j in run.taps]
-        if depth_taps == "fold":
-            folded = _fold_frames(tap_frames, n * run.count, groups, h, w)
-            folded, padding = _pad_hw(folded, geometry)
-            y = F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups)
-        else:
-            summed: torch.Tensor | None = None
-            for tap in tap_frames:
-                one, padding = _pad_hw(as_cat(tap.reshape(n * run.count, c, h, w)), geometry)
-                weight = next(read)
-                part = F.conv2d(one, weight, bias() if summed is None else None, (sh, sw), padding, (dh, dw), groups)
-                summed = part if summed is None else summed + part
-            assert summed is not None
-            y = summed
-        outputs.append(y.reshape(n, run.count, out_c, ho, wo))
-    y = torch.cat(outputs, 1) if len(outputs) > 1 else outputs[0]
-    return y.permute(0, 2, 1, 3, 4)
+    front, back = geometry.padding[0]
+    if front or back:  # zero frames: every output frame then reads every tap
+        frames = F.pad(frames, (0, 0, front, back))
+    tap_frames = [select_every(frames, j * dd, sd, do) for j in range(kd)]
+    if depth_taps == "fold":
+        folded, padding = _pad_hw(fold_frames(tap_frames, n * do, groups, h, w), geometry)
+        y = act(F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups))
+    else:
+        summed: torch.Tensor | None = None
+        for tap in tap_frames:
+            one, padding = _pad_hw(as_cat(tap.reshape(n * do, c, h, w)), geometry)
+            part = F.conv2d(one, next(read), bias() if summed is None else None, (sh, sw), padding, (dh, dw), groups)
+            summed = part if summed is None else summed + part
+        assert summed is not None
+        y = act(summed)
+    return y.reshape(n, do, out_c, ho, wo).permute(0, 2, 1, 3, 4)
 
 
 class RewriteConv3dPass(SplicedConvPass[Conv3dGeometry]):
@@ -298,6 +243,15 @@ class RewriteConv3dPass(SplicedConvPass[Conv3dGeometry]):
         super().__init__()
         self.depth_taps = depth_taps
 
+    def quantization_note(self, node: torch.fx.Node) -> str | None:
+        geometry = conv3d_geometry(node)
+        if self.depth_taps != "sum" or not isinstance(geometry, Conv3dGeometry) or geometry.form != "general":
+            return None
+        return (
+            "the 'sum' form adds one conv2d per depth tap, and quantization rounds each partial sum to int8; "
+            "rewrite with RewriteConv3dPass(depth_taps='fold') (the default) for int8"
+        )
+
     def geometry(self, node: torch.fx.Node) -> Conv3dGeometry | str:
         geometry = conv3d_geometry(node)
         if isinstance(geometry, Conv3dGeometry) and geometry.dynamic_batch and geometry.form != "one patch":
@@ -307,8 +261,16 @@ class RewriteConv3dPass(SplicedConvPass[Conv3dGeometry]):
             )
         return geometry
 
-    def constants(self, operands: ConvOperands, geometry: Conv3dGeometry) -> list[torch.Tensor]:
-        return conv2d_constants(operands.weight, operands.bias, geometry, self.depth_taps)
+    def constants(
+        self, operands: ConvOperands, geometry: Conv3dGeometry, activation: Activation | None
+    ) -> list[torch.Tensor]:
+        return conv2d_constants(operands.weight, operands.bias, geometry, self.depth_taps, activation)
 
-    def compute(self, x: torch.Tensor, constants: Sequence[torch.Tensor], geometry: Conv3dGeometry) -> torch.Tensor:
-        return conv3d_as_conv2d(x, constants, geometry, self.depth_taps)
+    def compute(
+        self,
+        x: torch.Tensor,
+        constants: Sequence[torch.Tensor],
+        geometry: Conv3dGeometry,
+        activation: Activation | None,
+    ) -> torch.Tensor:
+        return conv3d_as_conv2d(x, constants, geometry, self.depth_taps, activation)

@@ -3,13 +3,18 @@
 Invariant established: no 3-D transposed convolution with a parameter weight and static shapes is left;
 each is replaced by view/permute/slice ops and ``conv_transpose2d``, none above 6 dims.
 
-The frames go to the batch and the kernel's depth taps to the output channels of one
-``conv_transpose2d``: tap ``j`` of input frame ``i`` lands on output frame ``i*stride - padding +
-j*dilation``. Where no two taps land on the same frame (depth stride == kernel depth, the usual 2x
-upsampler) putting them in place is a permute. Otherwise the overlap-add along depth is itself a 1-D
-transposed convolution with a one-hot weight (tap ``j`` -> output ``j``), run as a tiny
-``conv_transpose2d`` over every (channel, pixel) column: it does the strides, the padding, the output
-padding and the dilation along depth exactly as PyTorch does, with no bookkeeping here.
+Tap ``j`` of input frame ``i`` lands on output frame ``i*stride - padding + j*dilation``. Two forms, each
+one ``conv_transpose2d`` over H and W (so one rounding when it is quantized, as the original op has):
+
+* **taps tile depth** (depth stride == kernel depth, the usual 2x upsampler): no two taps land on the
+  same frame; the frames go to the batch, the taps to the output channels, and a permute puts them in
+  place;
+* **general**: along depth a transposed convolution is a correlation over the input with ``stride - 1``
+  zero frames inserted after each frame and ``(k - 1)*dilation - padding`` zero frames in front
+  (``+ output_padding`` behind), with the taps in reverse order. The zero frames come from a constant
+  pad, and every output frame then reads the same taps, which fold into the input channels of one
+  ``conv_transpose2d`` over all output frames (``xnnguard.rewrite.conv3d.tap_folding``). The overlap-add
+  of the taps is part of its contraction: no partial result is ever rounded.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import torch.nn.functional as F
 from xnnguard.rewrite.conv3d.conv_input_cat import as_cat
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
 from xnnguard.rewrite.conv3d.size_args import Triple, triple
-from xnnguard.rewrite.conv3d.spliced_conv import SplicedConvPass
+from xnnguard.rewrite.conv3d.spliced_conv import Activation, SplicedConvPass
+from xnnguard.rewrite.conv3d.tap_folding import fold_frames, fold_transposed_taps
 from xnnguard.rules.conv3d import ConvKind
 
 __all__ = [
@@ -87,47 +93,72 @@ def conv_transpose3d_geometry(node: torch.fx.Node) -> ConvTranspose3dGeometry | 
 
 
 def conv_transpose2d_constants(
-    weight: torch.Tensor, bias: torch.Tensor | None, geometry: ConvTranspose3dGeometry
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    geometry: ConvTranspose3dGeometry,
 ) -> list[torch.Tensor]:
-    """The constants ``conv_transpose3d_as_2d`` reads: [2-D weight, bias or depth weight, (bias)].
+    """The constants ``conv_transpose3d_as_2d`` reads: the 2-D weight, then the bias if there is one.
 
     Computed ahead of time because XNNPACK and pt2e need a conv's weight to be a parameter.
     """
     c_in, c_out_g, kd, kh, kw = weight.shape
-    folded = weight.reshape(c_in, c_out_g * kd, kh, kw)  # output channels ordered (channel, tap)
     if geometry.taps_tile_depth:
+        folded = weight.reshape(c_in, c_out_g * kd, kh, kw)  # output channels ordered (channel, tap)
         return [folded] + ([bias.repeat_interleave(kd)] if bias is not None else [])
-    one_hot = torch.eye(kd, dtype=weight.dtype).reshape(kd, 1, kd, 1)
-    c_out = c_out_g * geometry.groups
-    return [folded, one_hot] + ([bias.reshape(1, c_out, 1, 1, 1)] if bias is not None else [])
+    return [fold_transposed_taps(weight, geometry.groups)] + ([bias.clone()] if bias is not None else [])
+
+
+def _zero_inserted(frames: torch.Tensor, geometry: ConvTranspose3dGeometry) -> torch.Tensor:
+    """Frames (N, D, F) with ``stride - 1`` zero frames after each and the borders of the correlation.
+
+    The front border is ``(k - 1)*dilation - padding`` zero frames, the back one that plus the output
+    padding; a negative border crops instead. Zeros from a constant pad: exact in int8 too.
+    """
+    n, d, f = frames.shape
+    kd, sd, pd, od, dd = (geometry.weight_shape[2], geometry.stride[0], geometry.padding[0],
+                          geometry.output_padding[0], geometry.dilation[0])
+    if sd > 1:  # (N, D, 1, F) padded to (N, D, sd, F): each frame, then sd - 1 zero frames
+        frames = F.pad(frames.reshape(n, d, 1, f), (0, 0, 0, sd - 1)).reshape(n, d * sd, f)
+    front = (kd - 1) * dd - pd
+    back = front + od - (sd - 1)  # the zero-insertion already put sd - 1 frames behind the last one
+    if front < 0:
+        frames = frames[:, -front:]
+    if back < 0:
+        frames = frames[:, : frames.shape[1] + back]
+    if front > 0 or back > 0:
+        frames = F.pad(frames, (0, 0, max(front, 0), max(back, 0)))
+    return frames
 
 
 def conv_transpose3d_as_2d(
-    x: torch.Tensor, constants: Sequence[torch.Tensor], geometry: ConvTranspose3dGeometry
+    x: torch.Tensor,
+    constants: Sequence[torch.Tensor],
+    geometry: ConvTranspose3dGeometry,
+    activation: Activation | None = None,
 ) -> torch.Tensor:
-    """``conv_transpose3d(x, weight, bias)`` with ``conv_transpose2d`` and views (traced by the rewrite).
-
-    ``constants`` is ``conv_transpose2d_constants(weight, bias, geometry)``.
+    """``activation(conv_transpose3d(x, weight, bias))`` with one ``conv_transpose2d`` and views (traced
+    by the rewrite). ``constants`` is ``conv_transpose2d_constants(weight, bias, geometry)``.
     """
     n, c_in, d, h, w = geometry.input_shape
     _, _, kd, _, _ = geometry.weight_shape
     _, c_out, do, ho, wo = geometry.output_shape
-    sd, sh, sw = geometry.stride
+    _, sh, sw = geometry.stride
     pd, ph, pw = geometry.padding
-    od, oh, ow = geometry.output_padding
+    _, oh, ow = geometry.output_padding
     dd, dh, dw = geometry.dilation
-    frames = as_cat(x.permute(0, 2, 1, 3, 4).reshape(n * d, c_in, h, w))
+    bias = constants[1] if len(constants) > 1 else None
     if geometry.taps_tile_depth:
-        bias = constants[1] if len(constants) > 1 else None
+        frames = as_cat(x.permute(0, 2, 1, 3, 4).reshape(n * d, c_in, h, w))
         y = F.conv_transpose2d(frames, constants[0], bias, (sh, sw), (ph, pw), (oh, ow), geometry.groups, (dh, dw))
+        y = activation(y) if activation is not None else y
         y = y.reshape(n, d, c_out, kd, ho * wo).permute(0, 2, 1, 3, 4).reshape(n, c_out, d * kd, ho, wo)
         return y if pd == 0 else y[:, :, pd : pd + do]
-    y = F.conv_transpose2d(frames, constants[0], None, (sh, sw), (ph, pw), (oh, ow), geometry.groups, (dh, dw))
-    columns = y.reshape(n, d, c_out, kd, ho * wo).permute(0, 2, 4, 3, 1).reshape(n * c_out * ho * wo, kd, d, 1)
-    columns = as_cat(columns)
-    depth = F.conv_transpose2d(columns, constants[1], None, (sd, 1), (pd, 0), (od, 0), 1, (dd, 1))
-    y = depth.reshape(n, c_out, ho * wo, do).permute(0, 1, 3, 2).reshape(n, c_out, do, ho, wo)
-    return y + constants[2] if len(constants) > 2 else y
+    frames = _zero_inserted(x.permute(0, 2, 1, 3, 4).reshape(n, d, c_in * h * w), geometry)
+    taps = [frames[:, j * dd : j * dd + do] for j in range(kd)]
+    folded = fold_frames(taps, n * do, geometry.groups, h, w)
+    y = F.conv_transpose2d(folded, constants[0], bias, (sh, sw), (ph, pw), (oh, ow), geometry.groups, (dh, dw))
+    y = activation(y) if activation is not None else y
+    return y.reshape(n, do, c_out, ho, wo).permute(0, 2, 1, 3, 4)
 
 
 class RewriteConvTranspose3dPass(SplicedConvPass[ConvTranspose3dGeometry]):
@@ -139,10 +170,16 @@ class RewriteConvTranspose3dPass(SplicedConvPass[ConvTranspose3dGeometry]):
     def geometry(self, node: torch.fx.Node) -> ConvTranspose3dGeometry | str:
         return conv_transpose3d_geometry(node)
 
-    def constants(self, operands: ConvOperands, geometry: ConvTranspose3dGeometry) -> list[torch.Tensor]:
+    def constants(
+        self, operands: ConvOperands, geometry: ConvTranspose3dGeometry, activation: Activation | None
+    ) -> list[torch.Tensor]:
         return conv_transpose2d_constants(operands.weight, operands.bias, geometry)
 
     def compute(
-        self, x: torch.Tensor, constants: Sequence[torch.Tensor], geometry: ConvTranspose3dGeometry
+        self,
+        x: torch.Tensor,
+        constants: Sequence[torch.Tensor],
+        geometry: ConvTranspose3dGeometry,
+        activation: Activation | None,
     ) -> torch.Tensor:
-        return conv_transpose3d_as_2d(x, constants, geometry)
+        return conv_transpose3d_as_2d(x, constants, geometry, activation)

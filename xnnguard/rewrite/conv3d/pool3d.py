@@ -214,6 +214,7 @@ class RewritePool3dPass(NodeRewritePass):
 
     rule = Rule.NOT_REWRITTEN
     subject = "3-D pooling"
+    pieces_stay_float = True  # the XNNPACK quantizer leaves a 3-D pooling float: so are its 2-D stages
 
     def picks(self, node: torch.fx.Node) -> bool:
         return pool3d(node) is not None

@@ -4,27 +4,32 @@ Every one of them goes geometry -> operands -> constants -> splice: read the con
 (or why it cannot be rewritten), its operands (the weight and bias must be constants), bake the weight
 into the constants its 2-D form reads, then trace that form (a plain-PyTorch function, testable in
 eager) into the graph in the convolution's place. A subclass supplies the three steps that differ.
+
+A ReLU or Hardtanh that only the convolution reads goes into the 2-D form, right after each 2-D
+convolution (``xnnguard.rewrite.fused_activation``), so that quantization still fuses it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar, Generic, TypeVar
 
 import torch
 
 from xnnguard.report import Rule
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_operands
+from xnnguard.rewrite.fused_activation import fused_activation
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rules.conv3d import ConvKind, conv3d_kind
 
-__all__ = ["SplicedConvPass"]
+__all__ = ["Activation", "SplicedConvPass"]
 
 logger = logging.getLogger("xnnguard.rewrite")
 
 Geometry = TypeVar("Geometry")
+Activation = Callable[[torch.Tensor], torch.Tensor]
 
 
 class SplicedConvPass(NodeRewritePass, Generic[Geometry]):
@@ -44,12 +49,16 @@ class SplicedConvPass(NodeRewritePass, Generic[Geometry]):
         """The convolution's geometry, or why it cannot be rewritten."""
         raise NotImplementedError
 
-    def constants(self, operands: ConvOperands, geometry: Geometry) -> list[torch.Tensor]:
+    def constants(
+        self, operands: ConvOperands, geometry: Geometry, activation: Activation | None
+    ) -> list[torch.Tensor]:
         """The constants ``compute`` reads, computed ahead of time from the weight and bias."""
         raise NotImplementedError
 
-    def compute(self, x: torch.Tensor, constants: Sequence[torch.Tensor], geometry: Geometry) -> torch.Tensor:
-        """The convolution of ``x`` in its 2-D form (what is traced into the graph)."""
+    def compute(
+        self, x: torch.Tensor, constants: Sequence[torch.Tensor], geometry: Geometry, activation: Activation | None
+    ) -> torch.Tensor:
+        """The convolution of ``x`` in its 2-D form, then ``activation`` (what is traced into the graph)."""
         raise NotImplementedError
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
@@ -59,12 +68,14 @@ class SplicedConvPass(NodeRewritePass, Generic[Geometry]):
         operands = conv_operands(graph_module, node)
         if isinstance(operands, str):
             return operands
-        constants = self.constants(operands, geometry)
+        fused = fused_activation(node)
+        activation = fused.apply if fused is not None else None
+        constants = self.constants(operands, geometry, activation)
 
         def replacement(x: torch.Tensor, *constants_: torch.Tensor) -> torch.Tensor:
-            return self.compute(x, constants_, geometry)
+            return self.compute(x, constants_, geometry, activation)
 
         output = splice_before(graph_module, node, replacement, [operands.input, *constants])
-        node.replace_all_uses_with(output)
+        (fused.node if fused is not None else node).replace_all_uses_with(output)
         logger.debug("%s: %s rewritten", node.name, self.subject)
         return None

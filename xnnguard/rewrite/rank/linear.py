@@ -7,6 +7,9 @@ torchao dynamically quantized activation (``choose_qparams_affine -> quantize_af
 dequantize_affine``, per token or per tensor), that chain moves after the reshape and runs on the 2-D
 rows too.
 
+A ReLU or Hardtanh that only the linear reads runs on the 2-D rows too, right after the linear
+(``xnnguard.rewrite.fused_activation``): quantization fuses it there as it does on a low-rank input.
+
 Why: a linear treats all leading dims as independent rows, so they are one dim. On 2-D the linear is
 the ordinary case every quantizer and XNNPACK's fully-connected op take: pt2e static and dynamic
 quantization applied after this pass quantize it like any other linear. A torchao-quantized linear on
@@ -28,6 +31,7 @@ import torch
 from xnnguard.graph.args import int_list
 from xnnguard.graph.ops import op_of
 from xnnguard.graph.shapes import static_shape
+from xnnguard.rewrite.fused_activation import fused_activation
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.rank.base import (
     HighRankRewritePass,
@@ -118,8 +122,12 @@ class FlattenHighRankLinearPass(HighRankRewritePass):
             if activation is not None:
                 flat = _quantize_rows(graph, activation, flat, block_size)  # type: ignore[arg-type]
             linear = call_like(graph, node, node.target, (flat, *node.args[1:]), dict(node.kwargs))
+            fused = fused_activation(node)
+            if fused is not None:  # on the rows too, right after the linear: quantization still fuses it
+                act = fused.node
+                linear = call_like(graph, act, act.target, (linear, *act.args[1:]), dict(act.kwargs))
             y = insert_reshape(graph, linear, output_shape, like=node)
-        node.replace_all_uses_with(y)
+        (fused.node if fused is not None else node).replace_all_uses_with(y)
         logger.debug("%s: linear on a %d-D input flattened to %s", node.name, len(shape), flat_shape)
         return None
 

@@ -7,8 +7,8 @@ shape). Everything else is ops within the limit that XNNPACK delegates, with the
 is left is tagged ``DO_NOT_DELEGATE`` (``xnnguard.tagging.tag``: it survives re-export).
 
 The op passes each rewrite one op in place, ending in reshapes back to its high-rank shape;
-``FuseHighRankViewsPass`` runs last and folds those reshapes into their neighbours, so the order of the
-op passes does not matter.
+``FuseHighRankViewsPass`` runs last and folds those reshapes into their neighbours. The order of the op
+passes matters once: the linear runs first, so that its activation stays next to it.
 """
 
 from __future__ import annotations
@@ -40,15 +40,19 @@ logger = logging.getLogger("xnnguard.rewrite")
 
 
 def rank_reduction_passes() -> list[PassBase]:
-    """The op rewrites, then the view folding that removes the high-rank reshapes between them."""
+    """The op rewrites, then the view folding that removes the high-rank reshapes between them.
+
+    The linear comes first: it takes along the ReLU or Hardtanh behind it, which the elementwise pass
+    would otherwise rewrite apart from it.
+    """
     return [
+        FlattenHighRankLinearPass(),
         ReduceRankPermutePass(),
         ReduceRankElementwisePass(),
         ReduceRankReductionPass(),
         ReduceRankLayerNormPass(),
         ReduceRankCatPass(),
         ReduceRankSlicePass(),
-        FlattenHighRankLinearPass(),
         FuseHighRankViewsPass(),
     ]
 

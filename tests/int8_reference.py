@@ -1,0 +1,80 @@
+"""How far xnnguard's int8 program is from the ideal int8 result of the original, un-rewritten ops.
+
+The ideal: the original model quantized the stock way (ExecuTorch's own XNNPACKQuantizer, which annotates
+3-D convolutions too) and run as the converted pt2e model in PyTorch. xnnguard's side: the README's
+flow, ``rewrite_for_xnnpack`` -> ``xnnguard.XNNPACKQuantizer`` -> pt2e -> ``xnnguard.XnnpackPartitioner``
+-> the real runtime. The distance is measured in quantization steps of the output: the scale of the
+ideal program's output quantization (static), or an int8 step over its output range (dynamic, where
+quantization is per call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+    XNNPACKQuantizer as StockQuantizer,
+    get_symmetric_quantization_config,
+)
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+import xnnguard
+from tests.support import Lowered, lower, run_pte
+
+Int8 = Literal["static", "dynamic"]
+
+__all__ = ["Int8", "Int8Result", "activation_scales", "converted_pt2e", "int8_against_the_original"]
+
+
+@dataclass(frozen=True)
+class Int8Result:
+    steps: float  # the program's largest distance from the ideal, in output quantization steps
+    lowered: Lowered
+    quantizer: xnnguard.XNNPACKQuantizer
+    scales: frozenset[float]  # the activation quantizations of xnnguard's converted model
+    ideal_scales: frozenset[float]  # those of the original model quantized the stock way
+
+
+def activation_scales(converted: torch.fx.GraphModule) -> frozenset[float]:
+    """The scales of every static per-tensor activation quantization: one per rounding point the model has."""
+    return frozenset(
+        float(f"{n.args[1]:.6g}")
+        for n in converted.graph.nodes
+        if n.op == "call_function" and "quantize_per_tensor" in str(n.target) and isinstance(n.args[1], float)
+    )
+
+
+def converted_pt2e(module: torch.nn.Module, x: torch.Tensor, quantizer: object) -> torch.fx.GraphModule:
+    """``module`` (a graph module from an ExportedProgram) prepared, calibrated on ``x`` and converted."""
+    prepared = prepare_pt2e(module, quantizer)  # type: ignore[arg-type]
+    prepared(x)
+    return convert_pt2e(prepared)
+
+
+def _output_scale(converted: torch.fx.GraphModule) -> float | None:
+    """The scale of the dequantize the output is computed from (through ops after it), if it is static."""
+    (output,) = [n for n in converted.graph.nodes if n.op == "output"]
+    node = output.args[0][0] if isinstance(output.args[0], (tuple, list)) else output.args[0]
+    while node.op == "call_function" and "dequantize" not in str(node.target) and node.all_input_nodes:
+        node = node.all_input_nodes[0]
+    scale = node.args[1] if "dequantize_per_tensor" in str(node.target) else None
+    return float(scale) if isinstance(scale, float) else None
+
+
+def int8_against_the_original(model: torch.nn.Module, x: torch.Tensor, mode: Int8) -> Int8Result:
+    model = model.eval()
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=mode == "dynamic")
+    ideal_model = converted_pt2e(torch.export.export(model, (x,)).module(), x, StockQuantizer().set_global(config))
+    with torch.no_grad():
+        ideal = ideal_model(x)
+    scale = _output_scale(ideal_model) if mode == "static" else None
+    step = scale if scale is not None else float(ideal.max() - ideal.min()) / 255
+    quantizer = xnnguard.XNNPACKQuantizer().set_global(config)
+    rewritten = xnnguard.rewrite_for_xnnpack(torch.export.export(model, (x,)), strict=True)
+    converted = converted_pt2e(rewritten.module(), x, quantizer)
+    lowered = lower(torch.export.export(converted, (x,)), (x,), xnnguard.XnnpackPartitioner())
+    (out,) = run_pte(lowered.buffer, (x,))
+    steps = float((out - ideal).abs().max()) / step
+    return Int8Result(steps, lowered, quantizer, activation_scales(converted), activation_scales(ideal_model))

@@ -1,0 +1,158 @@
+"""The partitioner never delegates an int8 op XNNPACK refuses at load, and keeps int8 ops int8 where it can.
+
+Two rules (``xnnguard.rules.quantized_pad``, ``xnnguard.rules.quantization_match``) and the quantizer's
+side of the same guarantee (``xnnguard.quantizer.shared_quantization``): ExecuTorch 1.5.1 makes a pad
+of a dequantized tensor int8 whatever reads it, and takes a permute int8 whatever its quantization.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner as StockPartitioner
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+    XNNPACKQuantizer as StockQuantizer,
+    get_symmetric_quantization_config,
+)
+from executorch.backends.xnnpack.utils.quant_utils import IS_IMPLICIT_Q_DQ_TAG
+from torch import nn
+from torchao.quantization.pt2e.quantizer import (
+    FixedQParamsQuantizationSpec,
+    QuantizationAnnotation,
+    SharedQuantizationSpec,
+)
+from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
+
+import xnnguard
+from tests.int8_reference import converted_pt2e
+from tests.support import lower, quant_step, quantize_pt2e, run_pte
+from xnnguard.report import Rule
+from xnnguard.runtime_check import verify_pte
+
+STATIC = get_symmetric_quantization_config(is_per_channel=True)
+
+
+class ConvPad(nn.Module):
+    """Conv2d, then a zero ``F.pad``, then ``after``: a float op of 1.5.1 (ReLU, average pooling) or nothing."""
+
+    def __init__(self, after: str) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 1)
+        self.after = after
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.pad(self.conv(x), (0, 1, 0, 1))
+        if self.after == "relu":
+            return torch.relu(y)
+        if self.after == "avg_pool":
+            return F.avg_pool2d(y, 3, 2, count_include_pad=False)
+        return y
+
+
+X2D = torch.randn(1, 4, 16, 16)
+
+
+@pytest.mark.parametrize("after", ["relu", "avg_pool", "output"])
+def test_stock_1_5_1_cannot_load_an_int8_pad_read_by_a_float_op(after: str) -> None:
+    converted = quantize_pt2e(ConvPad(after), (X2D,), StockQuantizer().set_global(STATIC))
+    lowered = lower(torch.export.export(converted, (X2D,)), (X2D,), StockPartitioner())
+    with pytest.raises(RuntimeError):  # "Failed to create StaticConstantPad node ... invalid_parameter"
+        run_pte(lowered.buffer, (X2D,))
+
+
+@pytest.mark.parametrize("after", ["relu", "avg_pool", "output"])
+def test_an_int8_pad_read_by_a_float_op_stays_outside_xnnpack_and_runs(after: str) -> None:
+    converted = quantize_pt2e(ConvPad(after), (X2D,), StockQuantizer().set_global(STATIC))
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = lower(torch.export.export(converted, (X2D,)), (X2D,), partitioner)
+    (out,) = run_pte(lowered.buffer, (X2D,))
+    assert lowered.outside_ops()["constant_pad_nd"] == 1
+    assert [record.rule for record in partitioner.report] == [Rule.QUANTIZED_PAD]
+    reference = converted(X2D)
+    torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)
+
+
+@pytest.mark.parametrize("after", ["relu", "avg_pool", "output"])
+def test_with_xnnguards_quantizer_a_zero_pad_runs_int8_inside_the_delegate(after: str) -> None:
+    converted = quantize_pt2e(ConvPad(after), (X2D,), xnnguard.XNNPACKQuantizer().set_global(STATIC))
+    lowered = lower(torch.export.export(converted, (X2D,)), (X2D,), xnnguard.XnnpackPartitioner())
+    (out,) = run_pte(lowered.buffer, (X2D,))
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
+    (pad,) = [n for n in lowered.delegated_nodes if "constant_pad_nd" in str(n.target)]
+    assert pad.args[0].meta.get(IS_IMPLICIT_Q_DQ_TAG), "the pad reads a float tensor: it runs between two converts"
+    reference = converted(X2D)
+    torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)
+
+
+def test_a_same_padded_int8_conv_keeps_its_pad_in_its_own_match() -> None:
+    """The one int8 pad 1.5.1 makes right: the pad of an even-kernel 'same' conv, folded into the conv's match."""
+    model = nn.Sequential(nn.Conv2d(4, 8, 1), nn.ReLU(), nn.Conv2d(8, 8, 2, padding="same"))
+    converted = quantize_pt2e(model, (X2D,), xnnguard.XNNPACKQuantizer().set_global(STATIC))
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = lower(torch.export.export(converted, (X2D,)), (X2D,), partitioner)
+    (out,) = run_pte(lowered.buffer, (X2D,))
+    assert lowered.outside_ops() == {} and partitioner.report == []
+    reference = converted(X2D)
+    torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)
+
+
+class OwnPermuteQuantization(StockQuantizer):
+    """The stock quantizer, then each permute's output quantized with fixed parameters of its own: another
+    quantization on each side of the permute, which XNNPACK cannot run int8."""
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        model = super().annotate(model)
+        fixed = FixedQParamsQuantizationSpec(torch.int8, scale=1 / 16, zero_point=0, quant_min=-128, quant_max=127)
+        for node in model.graph.nodes:
+            if node.target is torch.ops.aten.permute.default:
+                source = node.args[0]
+                node.meta[Q_ANNOTATION_KEY] = QuantizationAnnotation(
+                    input_qspec_map={source: SharedQuantizationSpec(source)}, output_qspec=fixed, _annotated=True
+                )
+        return model
+
+
+class ConvPermuteConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Conv2d(4, 8, 1), nn.Conv2d(16, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x)).permute(0, 2, 1, 3) * 3)
+
+
+def test_an_int8_permute_with_another_quantization_on_each_side_runs_as_a_float_op() -> None:
+    converted = quantize_pt2e(ConvPermuteConv(), (X2D,), OwnPermuteQuantization().set_global(STATIC))
+    stock = lower(torch.export.export(converted, (X2D,)), (X2D,), StockPartitioner())
+    with pytest.raises(RuntimeError):  # "Failed to create static transpose node"
+        run_pte(stock.buffer, (X2D,))
+    lowered = lower(torch.export.export(converted, (X2D,)), (X2D,), xnnguard.XnnpackPartitioner())
+    (out,) = run_pte(lowered.buffer, (X2D,))
+    assert lowered.outside_ops() == {}
+    reference = converted(X2D)
+    torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)
+
+
+class PooledVideo(nn.Module):
+    """The issue's reproduction: a pointwise Conv3d, then an AvgPool3d with ceil_mode (its rewrite pads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(4, 8, 1)
+        self.pool = nn.AvgPool3d(3, stride=2, ceil_mode=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.conv(x))
+
+
+def test_a_static_int8_avg_pool3d_with_ceil_mode_loads_runs_matches_and_verifies_clean() -> None:
+    x = torch.randn(1, 4, 8, 16, 16)
+    ep = xnnguard.rewrite_for_xnnpack(torch.export.export(PooledVideo().eval(), (x,)), strict=True)
+    converted = converted_pt2e(ep.module(), x, xnnguard.XNNPACKQuantizer().set_global(STATIC))
+    lowered = lower(torch.export.export(converted, (x,)), (x,), xnnguard.XnnpackPartitioner())
+    assert verify_pte(lowered.buffer).ok
+    (out,) = run_pte(lowered.buffer, (x,))
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
+    reference = converted(x)
+    torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)

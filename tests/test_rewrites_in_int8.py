@@ -1,0 +1,92 @@
+"""A rewrite adds no rounding the original op lacks: its int8 program stays within 2 steps of the original's.
+
+Each case is one rewrite family, on a model the stock flow quantizes (the stock quantizer annotates 3-D
+ops too). The comparison is with the original, un-rewritten model quantized the stock way and run as a
+converted pt2e model: the ideal int8 result of the original ops (``tests.int8_reference``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
+from torch import nn
+from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+import xnnguard
+from tests.int8_reference import Int8, int8_against_the_original
+from xnnguard.report import Rule
+from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
+from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter
+
+MODES: tuple[Int8, ...] = ("static", "dynamic")
+
+
+class EightD(nn.Module):
+    """``inner`` on the 3-D input viewed as 8-D (a patchify's or a window partition's rank), then back."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x.reshape(1, 2, 2, 3, 2, 2, 3, -1))
+        return y.reshape(x.shape[0], x.shape[1], -1)
+
+
+def _conv(*layers: nn.Module) -> nn.Module:
+    return nn.Sequential(nn.Conv3d(4, 8, 1), *layers)
+
+
+CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "Conv3d, padded depth, + ReLU": (lambda: nn.Sequential(nn.Conv3d(4, 8, 3, padding=1), nn.ReLU()), (1, 4, 6, 8, 8)),
+    "Conv3d + BatchNorm3d + ReLU": (
+        lambda: nn.Sequential(nn.Conv3d(4, 8, 3, padding=1), nn.BatchNorm3d(8), nn.ReLU()),
+        (1, 4, 6, 8, 8),
+    ),
+    "Conv3d, depth tiles": (lambda: nn.Conv3d(4, 8, (2, 3, 3), stride=(2, 1, 1), padding=(0, 1, 1)), (1, 4, 6, 8, 8)),
+    "Conv3d, one patch": (lambda: nn.Conv3d(3, 16, (2, 4, 4), stride=(2, 4, 4)), (4, 3, 2, 4, 4)),
+    "ConvTranspose3d, taps tile depth": (lambda: nn.ConvTranspose3d(8, 4, 2, stride=2), (1, 8, 3, 6, 6)),
+    "ConvTranspose3d, overlapping taps": (
+        lambda: nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, output_padding=1),
+        (1, 8, 3, 6, 6),
+    ),
+    "MaxPool3d": (lambda: _conv(nn.MaxPool3d(3, 2, 1)), (1, 4, 8, 12, 12)),
+    "AvgPool3d, ceil mode": (lambda: _conv(nn.AvgPool3d(3, 2, ceil_mode=True)), (1, 4, 8, 12, 12)),
+    "AdaptiveAvgPool3d": (lambda: _conv(nn.AdaptiveAvgPool3d((2, 3, 3))), (1, 4, 8, 12, 12)),
+    "BatchNorm3d alone": (lambda: _conv(nn.ReLU(), nn.BatchNorm3d(8)), (1, 4, 4, 8, 8)),
+    "8-D Linear + ReLU": (lambda: EightD(nn.Sequential(nn.Linear(6, 8), nn.ReLU())), (2, 72, 6)),
+    "8-D Linear + Hardtanh": (lambda: EightD(nn.Sequential(nn.Linear(6, 8), nn.Hardtanh())), (2, 72, 6)),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_int8_program_of_a_rewritten_op_is_within_two_steps_of_the_original_op(name: str, mode: Int8) -> None:
+    build, shape = CASES[name]
+    torch.manual_seed(0)
+    model, x = build(), torch.randn(shape)
+    result = int8_against_the_original(model, x, mode)
+    assert result.lowered.outside_ops() == {} and result.lowered.num_delegates == 1
+    assert result.steps <= 2, f"{result.steps:.2f} quantization steps from the original op quantized"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_rewritten_op_rounds_where_the_original_op_rounds_and_nowhere_else(name: str) -> None:
+    """Static int8: xnnguard's converted model quantizes activations at the original's scales, no others."""
+    build, shape = CASES[name]
+    torch.manual_seed(0)
+    result = int8_against_the_original(build(), torch.randn(shape), "static")
+    assert result.scales == result.ideal_scales
+
+
+def test_a_conv3d_summed_tap_by_tap_is_reported_as_rounding_its_partial_sums() -> None:
+    conv = nn.Conv3d(2, 4, 3, padding=1).eval()
+    x = torch.randn(1, 2, 4, 6, 6)
+    ep = XnnpackRewriter([RewriteConv3dPass(depth_taps="sum")], strict=True)(torch.export.export(conv, (x,)))
+    quantizer = xnnguard.XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    prepare_pt2e(ep.module(), quantizer)
+    (record,) = quantizer.report
+    assert record.rule is Rule.EXTRA_ROUNDING and "depth_taps='fold'" in record.reason

@@ -1,0 +1,77 @@
+"""ExecuTorch's XNNPACK partitioner configs where xnnguard's partitioner needs them to decide otherwise.
+
+Each is a subclass of the stock config it replaces (``GUARDED_CONFIGS`` maps one to the other), so the
+stock matching, checks and dependencies stay ExecuTorch's; a subclass changes one decision, says which
+and why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, MMConfig
+from executorch.backends.xnnpack.partition.config.generic_node_configs import ConstantPadConfig
+from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType, XNNPartitionerConfig
+from executorch.backends.xnnpack.utils.quant_utils import is_dequant
+from torch.export import ExportedProgram
+
+__all__ = ["GUARDED_CONFIGS"]
+
+
+class _QuantAwareForceFlag:
+    """``force_non_static_weights_for_f32_linear`` concerns float linears.
+
+    1.5.1 intersects a linear's dependencies with its source partition whenever the flag is set, which
+    drops the dequantize nodes of a *quantized* linear: a static one then fails to lower ("Weight and
+    Input should both be quantized"), a dynamic one runs as a float matmul. The flag is ignored here
+    when the linear's weight comes from a dequantize.
+    """
+
+    force_non_static_weights_for_f32_linear: bool
+    weight_idx: int
+
+    def get_deps_from_src_partition(self, node: torch.fx.Node, ep: ExportedProgram, src_partition: Any) -> Any:
+        force = self.force_non_static_weights_for_f32_linear
+        if not (force and self._weight_is_quantized(node, src_partition)):
+            return super().get_deps_from_src_partition(node, ep, src_partition)  # type: ignore[misc]
+        self.force_non_static_weights_for_f32_linear = False
+        try:
+            return super().get_deps_from_src_partition(node, ep, src_partition)  # type: ignore[misc]
+        finally:
+            self.force_non_static_weights_for_f32_linear = force
+
+    def _weight_is_quantized(self, node: torch.fx.Node, src_partition: Any) -> bool:
+        # The same walk 1.5.1 does to find the linear's weight among the source partition's inputs.
+        weight = node.args[self.weight_idx]
+        while isinstance(weight, torch.fx.Node) and weight.all_input_nodes and weight not in src_partition.input_nodes:
+            weight = weight.all_input_nodes[0]
+        return isinstance(weight, torch.fx.Node) and is_dequant(weight)
+
+
+class _AddmmConfig(_QuantAwareForceFlag, AddmmConfig):
+    pass
+
+
+class _MMConfig(_QuantAwareForceFlag, MMConfig):
+    pass
+
+
+class _Int8ConstantPadConfig(ConstantPadConfig):
+    """A constant pad also int8: ``dequantize -> pad -> quantize`` with one quantization is an int8 pad.
+
+    1.5.1 takes a pad as a float op only, so a pad between two int8 ops costs two converts (and, read by
+    a float op, trips ``InsertPadQDQPass``: ``xnnguard.rules.quantized_pad``). XNNPACK's static constant
+    pad runs int8 when its input and output share one quantization (the partitioner checks that match,
+    ``xnnguard.rules.quantization_match``); xnnguard's quantizer gives a zero pad its input's.
+    """
+
+    def supported_precision_types(self) -> list[ConfigPrecisionType]:
+        return [ConfigPrecisionType.FP32, ConfigPrecisionType.STATIC_QUANT]
+
+
+GUARDED_CONFIGS: dict[type[XNNPartitionerConfig], type[XNNPartitionerConfig]] = {
+    AddmmConfig: _AddmmConfig,
+    MMConfig: _MMConfig,
+    ConstantPadConfig: _Int8ConstantPadConfig,
+}
