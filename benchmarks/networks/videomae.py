@@ -10,7 +10,8 @@ mean pooling of the tokens, ``fc_norm`` LayerNorm and the linear head.
 ``build_sdpa`` (registered as ``videomae_sdpa``) is the same network with the attention written as
 ``F.scaled_dot_product_attention``, as Hugging Face's ``VideoMAEModel`` runs it with the SDPA backend.
 
-What is simplified: ViT-S/16 widths (dim 384, 6 heads) but depth 4 instead of 12 at "bench"; the clip is 8 x 112 x 112 (4 x 7 x 7 tokens) instead of 16 x 224 x 224; no drop path.
+What is simplified: ViT-S/16 widths (dim 384, 6 heads) but depth 4 instead of 12 at "bench"; the clip
+is 8 x 112 x 112 (4 x 7 x 7 tokens) instead of 16 x 224 x 224; no drop path.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, c = x.shape
+        b, n, _ = x.shape
         qkv_bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
         qkv = F.linear(x, self.qkv.weight, qkv_bias)
         q, k, v = qkv.reshape(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
