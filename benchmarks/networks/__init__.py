@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from benchmarks.networks import mvit, qwen_vision, r2plus1d, s3d, swin3d, unet3d, video_vae, videomae
+from benchmarks.networks import hiera, mvit, qwen_vision, r2plus1d, s3d, swin3d, unet3d, video_vae, videomae
 from benchmarks.networks._common import SIZES, Built
 
 __all__ = ["NETWORKS", "SIZES", "Builder", "Built"]
@@ -29,6 +29,7 @@ NETWORKS: dict[str, Builder] = {
     "video_vae": video_vae.build,
     "videomae": videomae.build,
     "videomae_sdpa": videomae.build_sdpa,
+    "hiera": hiera.build,
     "qwen_vision": qwen_vision.build,
     "qwen_vision_dyn": qwen_vision.build_dynamic,
 }
