@@ -64,6 +64,7 @@ class Result:
     outside: int | None = None
     outside_kinds: list[tuple[str, int]] = field(default_factory=list)
     max_err: float | None = None
+    float_err: float | None = None  # int8 only: the same measure against the float eager model
     rewrite_report: list[str] = field(default_factory=list)
     kept_out: list[str] = field(default_factory=list)
     left_in_float: list[str] = field(default_factory=list)
@@ -95,13 +96,26 @@ def stage(name: str, result: Result, log: Callable[[], str] | None = None) -> It
     except StageError:
         raise
     except Exception as error:
-        message = f"{type(error).__name__}: {error}".strip()
+        message = _describe(error)
         runtime = log() if log is not None else ""
         if runtime:
             message += f" | runtime log: {runtime}"
+        if name == "run" and "Init failed" in runtime:  # the pybindings load a method on its first call
+            name = "init (first call)"
         raise StageError(name, message) from error
     finally:
         result.stage_s[name] = result.stage_s.get(name, 0.0) + time.perf_counter() - started
+
+
+def _describe(error: BaseException) -> str:
+    """The exception and what caused it: ExecuTorch's pass manager wraps the real error in a generic one."""
+    parts, seen = [], set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__}: {current}".strip())
+        current = current.__cause__ or current.__context__
+    return " | caused by: ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -166,7 +180,11 @@ def count_graph(edge: Any, result: Result) -> None:
 
 def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: Result,
              stock: bool) -> tuple[Any, torch.Tensor]:
-    """Export, rewrite (xnnguard flow) and quantize (int8): the program to lower and its reference output."""
+    """Export, rewrite (xnnguard flow) and quantize (int8): the program to lower and its reference output.
+
+    The reference is eager for float and the converted pt2e model for int8: it isolates what lowering
+    and the runtime change from what quantization itself changes.
+    """
     dynamic_shapes = getattr(model, "export_dynamic_shapes", None)  # a network exported with dynamic dims
     with stage("export", result):
         ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
@@ -227,8 +245,10 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
                 module = portable_lib._load_for_executorch_from_buffer(buffer)  # buffer outlives the module
             with stage("run", result, failures):
                 got = _first_tensor(module.forward(inputs))
-        scale = max(expected.abs().max().item(), 1e-6)
-        result.max_err = (got - expected).abs().max().item() / scale if got.shape == expected.shape else None
+        result.max_err = _relative_error(got, expected)
+        if precision != "float":
+            with torch.no_grad():
+                result.float_err = _relative_error(got, _first_tensor(model(*inputs)))
         if result.max_err is None or not result.max_err <= TOLERANCE[precision]:
             result.status = "mismatch"
             result.error = (f"output shape {tuple(got.shape)} vs {tuple(expected.shape)}" if result.max_err is None
@@ -237,6 +257,13 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
         result.status = f"{error.stage} failed"
         result.error = str(error)
     return result
+
+
+def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float | None:
+    """Max abs error over the expected output's max abs value (None when the shapes differ)."""
+    if got.shape != expected.shape:
+        return None
+    return (got - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
 
 
 def _failure_lines(log: str) -> str:
@@ -319,11 +346,14 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def table(results: Sequence[Result]) -> str:
-    header = ("network", "result", "delegates", "ops outside (top kinds)", "max err", "eager ms", "ET ms", "eager/ET")
+    quantized = any(r.precision != "float" for r in results)
+    header = ("network", "result", "delegates", "ops outside (top kinds)", "max err",
+              *(("err vs float",) if quantized else ()), "eager ms", "ET ms", "eager/ET")
     rows = []
     for r in results:
         ratio = r.eager_ms / r.et_ms if r.eager_ms and r.et_ms else None
         rows.append((r.network, r.status, _num(r.delegates, "d"), _kinds(r), _num(r.max_err, ".2e"),
+                     *((_num(r.float_err, ".2e"),) if quantized else ()),
                      _num(r.eager_ms, ".1f"), _num(r.et_ms, ".1f"), _num(ratio, ".2f")))
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     lines = [" | ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows)]
