@@ -7,7 +7,8 @@ for eager, the runtime's threadpool for ExecuTorch) and the same environment, ro
 machine noise hits both alike. The ratio is eager median / ExecuTorch median (> 1: the rewrite is
 faster). Target: >= 1.
 
-Why separate processes and that environment (each measured on this machine, 2 threads, stem layer):
+Why separate processes and that environment (each measured on this machine, 2 threads, stem layer; the
+protocol itself lives in ``benchmarks.timing`` and the other benchmarks use it too):
 
 * ``OMP_WAIT_POLICY=PASSIVE``. After any parallel torch op (eager conv3d, but also the copies the
   pybindings make of a program's inputs and outputs) torch's OpenMP threads spin for a while, taking the
@@ -27,22 +28,18 @@ channels-last input with a channels-last output, so with no layout work at all.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from benchmarks.timing import median_ms, print_ms, time_in_fresh_process
+
 TARGET_RATIO = 1.0
 ROUNDS = 3  # fresh processes per side and form, alternating
-REPEATS = 7
-INNER = 5
 
 # name, Conv3d(in, out, kernel, stride, padding), input shape
 LAYERS = [
@@ -51,12 +48,6 @@ LAYERS = [
     ("64->128 k3 s2 p1", (64, 128, 3, 2, 1), (1, 64, 8, 28, 28)),
 ]
 FORMS = ("fold", "sum")
-
-ENVIRONMENT = {
-    "OMP_WAIT_POLICY": "PASSIVE",
-    "MALLOC_MMAP_THRESHOLD_": str(1 << 30),  # both, or glibc keeps returning the scratch to the kernel
-    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
-}
 
 
 def _layer(index: int) -> tuple[torch.nn.Conv3d, torch.Tensor]:
@@ -76,22 +67,6 @@ def _floor_layer(index: int) -> tuple[torch.nn.Conv2d, torch.Tensor]:
     torch.manual_seed(index)
     conv2d = torch.nn.Conv2d(c * kd, conv.out_channels, (kh, kw), (sh, sw), (ph, pw)).eval()  # type: ignore[arg-type]
     return conv2d, torch.randn(n * frames, c * kd, h, w).to(memory_format=torch.channels_last)
-
-
-def _median_ms(run: Callable[[], object]) -> float:
-    """Median over ``REPEATS`` samples of the mean time of ``INNER`` back-to-back runs, in ms.
-
-    A sample spans several runs because this machine's scheduler hands out CPU in ~4 ms slices.
-    """
-    for _ in range(2):
-        run()  # warm-up: first-run allocations, XNNPACK weight packing, oneDNN primitive creation
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        for _ in range(INNER):
-            run()
-        times.append((time.perf_counter() - start) / INNER)
-    return statistics.median(times) * 1e3
 
 
 def _write_program(index: int, form: str, path: Path) -> None:
@@ -119,27 +94,22 @@ def _worker(side: str, index: int, threads: int, pte: str | None, floor: bool) -
     conv, x = _floor_layer(index) if floor else _layer(index)
     if side == "eager":
         with torch.no_grad():
-            return _median_ms(lambda: conv(x))
+            return median_ms(lambda: conv(x))
     from executorch.extension.pybindings import portable_lib
 
     portable_lib._unsafe_reset_threadpool(threads)  # before loading: delegates keep the pool they saw
     assert pte is not None
     module = portable_lib._load_for_executorch(pte)
-    return _median_ms(lambda: module.forward((x,)))
+    return median_ms(lambda: module.forward((x,)))
 
 
 def _time_in_fresh_process(side: str, index: int, threads: int, pte: Path | None = None, floor: bool = False) -> float:
-    command = [sys.executable, "-m", "benchmarks.bench_rewrite_conv3d", "--worker", side,
-               "--layer", str(index), "--threads", str(threads)]
+    args = ["--worker", side, "--layer", str(index), "--threads", str(threads)]
     if pte is not None:
-        command += ["--pte", str(pte)]
+        args += ["--pte", str(pte)]
     if floor:
-        command.append("--floor")
-    done = subprocess.run(command, env={**os.environ, **ENVIRONMENT}, capture_output=True, text=True,
-                          check=False, cwd=Path(__file__).resolve().parent.parent)
-    if done.returncode != 0:
-        raise RuntimeError(f"{side} worker for layer {index} failed:\n{done.stderr[-2000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["ms"])
+        args.append("--floor")
+    return time_in_fresh_process("benchmarks.bench_rewrite_conv3d", args, f"{side} worker for layer {index}")
 
 
 def main(threads: int | None = None) -> bool:
@@ -178,7 +148,6 @@ if __name__ == "__main__":
     parser.add_argument("--floor", action="store_true", help="the worker's input is the floor conv2d's")
     args = parser.parse_args()
     if args.worker:
-        ms = _worker(args.worker, args.layer, args.threads or 1, args.pte, args.floor)
-        print(json.dumps({"ms": ms}))
+        print_ms(_worker(args.worker, args.layer, args.threads or 1, args.pte, args.floor))
     else:
         sys.exit(0 if main(args.threads) else 1)
