@@ -25,6 +25,7 @@ from torchao.quantization.pt2e.quantizer import (
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
 import xnnguard
+from benchmarks.networks.swin3d import Swin3DConfig, SwinTransformer3d
 from tests.int8_reference import converted_pt2e
 from tests.support import lower, quant_step, quantize_pt2e, run_pte
 from xnnguard.report import Rule
@@ -154,5 +155,28 @@ def test_a_static_int8_avg_pool3d_with_ceil_mode_loads_runs_matches_and_verifies
     assert verify_pte(lowered.buffer).ok
     (out,) = run_pte(lowered.buffer, (x,))
     assert lowered.outside_ops() == {} and lowered.num_delegates == 1
+    reference = converted(x)
+    torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)
+
+
+def _swin3d() -> tuple[torch.nn.Module, torch.Tensor]:
+    """torchvision's Swin3D at its smallest: patch embedding, windows padded (5 x 5 tokens into 4 x 4 windows),
+    shifted windows with their mask and roll, and a patch merging that pads an odd size."""
+    torch.manual_seed(0)
+    config = Swin3DConfig(embed_dim=8, depths=(2, 2), heads=(1, 2), frames=4, resolution=20, window=(2, 4, 4))
+    return SwinTransformer3d(config).eval(), torch.randn(1, 3, 4, 20, 20)
+
+
+@pytest.mark.parametrize("quantizer", ["xnnguard", "stock"])
+def test_a_static_int8_swin3d_loads_runs_matches_and_verifies_clean(quantizer: str) -> None:
+    """xnnguard's quantizer keeps its pads int8; with the stock one the partitioner keeps them outside."""
+    model, x = _swin3d()
+    ep = xnnguard.rewrite_for_xnnpack(torch.export.export(model, (x,)), strict=True)
+    chosen = xnnguard.XNNPACKQuantizer() if quantizer == "xnnguard" else StockQuantizer()
+    converted = converted_pt2e(ep.module(), x, chosen.set_global(STATIC))
+    lowered = lower(torch.export.export(converted, (x,)), (x,), xnnguard.XnnpackPartitioner())
+    report = verify_pte(lowered.buffer)
+    assert report.ok, str(report)
+    (out,) = run_pte(lowered.buffer, (x,))
     reference = converted(x)
     torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)
