@@ -12,7 +12,7 @@ from executorch.backends.xnnpack.serialization.xnnpack_graph_serialize import se
 from xnnguard.runtime_check.checks import delegate_problems
 from xnnguard.runtime_check.flatbuffer_view import Region
 from xnnguard.runtime_check.pte_reader import DelegateCall
-from xnnguard.runtime_check.xnnpack_blob import XnnGraph, read_xnnpack_blob
+from xnnguard.runtime_check.xnnpack_blob import PerChannelQuant, PerTensorQuant, XnnGraph, read_xnnpack_blob
 
 NO_VALUE = 0xFFFFFFFF
 INPUT, OUTPUT = 1, 2
@@ -67,6 +67,52 @@ def test_the_reader_returns_what_executorch_serialized() -> None:
         (3, (2, 3), OUTPUT, 2),
     ]
     assert [(n.op, n.inputs, n.outputs) for n in graph.nodes] == [("XNNAdd", (0, 1), (2,)), ("XNNAdd", (2, 0), (3,))]
+
+
+def test_the_reader_returns_datatypes_quantization_and_node_parameters() -> None:
+    qint8, qcint8 = xs.XNNDatatype.xnn_datatype_qint8, xs.XNNDatatype.xnn_datatype_qcint8
+    values = [
+        xs.XValue(
+            xs.XNNQuantizedTensorValue(
+                xs.XNNTensorValue(qint8, 4, [1, 4, 4, 2], 0, 0, INPUT, 0), xs.PerTensorQuant(0.5, -3)
+            )
+        ),
+        xs.XValue(
+            xs.XNNQuantizedTensorValue(
+                xs.XNNTensorValue(qcint8, 4, [3, 1, 1, 2], 1, NO_VALUE, 0, 1),
+                xs.PerChannelQuant([0.25, 0.5, 1.0], 0, 0, 0),
+            )
+        ),
+        xs.XValue(
+            xs.XNNQuantizedTensorValue(
+                xs.XNNTensorValue(qint8, 4, [1, 4, 4, 3], 0, 1, OUTPUT, 2), xs.PerTensorQuant(0.125, 7)
+            )
+        ),
+    ]
+    conv = xs.XNNConv2d(
+        padding_top=0, padding_right=1, padding_bottom=0, padding_left=1, kernel_height=1, kernel_width=1,
+        subsampling_height=1, subsampling_width=1, dilation_height=1, dilation_width=1, group_input_channels=2,
+        group_output_channels=3, groups=1, adjustment_height=0, adjustment_width=0, input1_id=0, filter_id=1,
+        bias_id=NO_VALUE, output_id=2, flags=0,
+    )  # fmt: skip
+    node = xs.XNode(conv, debug_handle=7, output_min_max=xs.OutputMinMax(0.0, 6.0))
+    graph = serialized(values, [node], 2)
+    assert [(v.datatype, v.quantization) for v in graph.values] == [
+        ("qint8", PerTensorQuant(0.5, -3)),
+        ("qcint8", PerChannelQuant((0.25, 0.5, 1.0), True, 0, 0, 0)),
+        ("qint8", PerTensorQuant(0.125, 7)),
+    ]
+    (read,) = graph.nodes
+    assert read.ids == {"input1_id": 0, "filter_id": 1, "bias_id": NO_VALUE, "output_id": 2}
+    assert (read.params["padding_right"], read.params["group_output_channels"], read.params["flags"]) == (1, 3, 0)
+    assert (read.output_min_max, read.debug_handle) == ((0.0, 6.0), 7)
+
+
+def test_vector_parameters_are_read_as_tuples() -> None:
+    values = [tensor(0, [2, 3, 4], flags=INPUT, external_id=0), tensor(1, [4, 2, 3], flags=OUTPUT, external_id=1)]
+    transpose = xs.XNNStaticTranspose(num_dims=3, perm=[2, 0, 1], input_id=0, output_id=1, flags=0)
+    (node,) = serialized(values, [xs.XNode(transpose, 0)], 2).nodes
+    assert node.params["perm"] == (2, 0, 1) and node.output_min_max is None
 
 
 def test_a_missing_bias_and_unused_concatenation_inputs_are_not_reads() -> None:

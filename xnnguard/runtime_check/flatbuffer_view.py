@@ -97,6 +97,18 @@ class TableView:
     def has(self, name: str) -> bool:
         return self._field_pos(self._field(name).slot) is not None
 
+    def field_offset(self, name: str) -> int | None:
+        """Where a scalar field's bytes are in the buffer (None when the field takes its default), for
+        tools that patch a field in place."""
+        return self._field_pos(self._field(name).slot)
+
+    def element_offsets(self, name: str) -> list[int]:
+        """Where each element of a scalar vector is in the buffer."""
+        field = self._field(name)
+        size = struct.calcsize(field.scalar_format)
+        start, length = self._vector(name, size)
+        return [start + size * index for index in range(length)]
+
     def scalar(self, name: str) -> Any:
         field = self._field(name)
         pos = self._field_pos(field.slot)
