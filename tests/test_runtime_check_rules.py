@@ -166,6 +166,23 @@ def test_a_constant_counts_as_written() -> None:
     assert kinds(graph, num_inputs=1) == []
 
 
+def test_the_rank_is_that_of_the_sizes_listed_as_the_runtime_takes_it() -> None:
+    """XNNCompiler ignores num_dims (XNNCompiler.cpp:354): a 2-D value declaring 8 dims is no rank-limit
+    problem, only a contradiction in the graph."""
+    values = well_formed_values()
+    values[2].xvalue_union.num_dims = 8
+    (problem,) = delegate_problems(serialized(values, WELL_FORMED_NODES, 3), (DelegateCall((0, 1, 2), 2),), "f", 0)
+    assert problem.kind == "rank" and "declares 8 dims but lists 2 sizes" in problem.message
+
+
+def test_reading_a_value_a_later_node_writes_is_an_unwritten_value() -> None:
+    """XNNPACK runs nodes in the order they are defined: node 0 reads t before node 1 writes it."""
+    graph = serialized(well_formed_values(), [add(2, 0, 3), add(0, 1, 2)], 3)
+    problems = delegate_problems(graph, (DelegateCall((0, 1, 2), 2),), "forward", 0)
+    assert [(p.kind, p.node, p.value) for p in problems] == [("unwritten_value", 0, 2)]
+    assert "before any node writes it" in problems[0].message
+
+
 def test_reading_an_id_the_delegate_never_defines_is_an_unwritten_value() -> None:
     graph = serialized(well_formed_values(), [add(0, 9, 2), add(2, 0, 3)], 3)
     assert kinds(graph, num_inputs=2) == ["unwritten_value"]
