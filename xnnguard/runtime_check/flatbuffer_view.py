@@ -102,6 +102,15 @@ class TableView:
         tools that patch a field in place."""
         return self._field_pos(self._field(name).slot)
 
+    def vector_length_offset(self, name: str) -> int | None:
+        """Where a vector's u32 length is in the buffer (None when the vector is absent)."""
+        pos = self._field_pos(self._field(name).slot)
+        return None if pos is None else self._indirect(pos)
+
+    def union_tag_offset(self, name: str) -> int | None:
+        """Where a union's u8 type tag is in the buffer (None when absent)."""
+        return self._field_pos(self._field(name).slot - 1)
+
     def element_offsets(self, name: str) -> list[int]:
         """Where each element of a scalar vector is in the buffer."""
         field = self._field(name)

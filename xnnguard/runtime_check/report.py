@@ -5,7 +5,30 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Problem", "Report"]
+__all__ = ["KINDS", "Problem", "Report"]
+
+# Every kind of problem, with what it means. The static ones are decided by the blob and program alone.
+KINDS: dict[str, str] = {
+    "rank": "a tensor above 6 dims, or a rank the graph contradicts",
+    "unwritten_value": "a node reads a value nothing writes, or an id that names no value",
+    "unwritten_output": "a delegate output nothing writes",
+    "extern_ids": "delegate inputs and outputs not bound one-to-one to the call's arguments",
+    "blob_format": "the XNNPACK blob cannot be read",
+    "value_def": "a value XNNPACK cannot define (flags, duplicate ids, dynamic quantization)",
+    "datatype": "datatypes a node or value does not take, or that differ from the bound tensor",
+    "quant_params": "a quantized output whose input does not share its scale and zero point",
+    "quant_range": "a zero point, scale, channel dim or requantization scale out of range",
+    "node_params": "a node parameter out of range (kernel, stride, perm, paddings, flags, clamp)",
+    "shape": "shapes XNNPACK's reshape rejects at the first run, or data smaller than a tensor",
+    "constants": "a constant entry that does not exist or lies outside its data",
+    "unsupported_node": "a node type the runtime cannot build",
+    "missing_kernel": "an operator outside the delegates the runtime has no kernel for",
+    "unsupported_input": "a kernel the runtime has that cannot take the call's inputs",
+    "weights": "constant bytes that do not hash to their name (with --weights)",
+    "unreadable": "the file is not a readable program",
+    "load": "the runtime fails to load a method (--load)",
+    "run": "a method fails on generated inputs (--run)",
+}
 
 
 def _count(number: int, noun: str) -> str:
@@ -16,10 +39,8 @@ def _count(number: int, noun: str) -> str:
 class Problem:
     """One thing that will go wrong on device.
 
-    ``kind`` says which check found it (``"rank"``, ``"unwritten_value"``, ``"unwritten_output"``,
-    ``"extern_ids"``, ``"blob_format"``, ``"missing_kernel"``, ``"unsupported_input"``, ``"load"``,
-    ``"run"``); ``message`` says in a sentence what and what will happen. The other fields locate it;
-    None where they do not apply.
+    ``kind`` says which check found it (one of ``KINDS``); ``message`` says in a sentence what and what
+    will happen. The other fields locate it; None where they do not apply.
     """
 
     kind: str

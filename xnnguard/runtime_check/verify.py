@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from xnnguard.runtime_check.checks import delegate_problems
+from xnnguard.runtime_check.define_checks import define_problems
 from xnnguard.runtime_check.kernel_limits import unsupported_input_problems
 from xnnguard.runtime_check.missing_kernels import missing_kernel_problems, registered_operators
 from xnnguard.runtime_check.pte_reader import PteReadError, PteSource, open_pte, read_methods, source_name
@@ -70,6 +71,7 @@ def verify_pte(source: PteSource, *, load: bool = False, run: bool = False, kern
                 nodes += len(graph.nodes)
                 values += len(graph.values)
                 problems += delegate_problems(graph, delegate.calls, method.name, delegate.index)
+                problems += define_problems(graph, delegate.calls, method.name, delegate.index)
     registered = registered_operators() if kernels else None
     if registered is not None:
         for method in methods:
