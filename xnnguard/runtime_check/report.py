@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "Problem", "Report"]
+__all__ = ["KINDS", "MethodCoverage", "Problem", "Report"]
 
 # Every kind of problem, with what it means. The static ones are decided by the blob and program alone.
 KINDS: dict[str, str] = {
@@ -26,6 +26,7 @@ KINDS: dict[str, str] = {
     "unsupported_input": "a kernel the runtime has that cannot take the call's inputs",
     "weights": "constant bytes that do not hash to their name (with --weights)",
     "unreadable": "the file is not a readable program",
+    "internal": "the checker itself failed on the file (a bug in xnnguard: please report it)",
     "load": "the runtime fails to load a method (--load)",
     "run": "a method fails on generated inputs (--run)",
 }
@@ -71,9 +72,68 @@ class Problem:
         return f"[{self.kind}] {where + ': ' if where else ''}{self.message}"
 
 
+_TOP_OUTSIDE = 5  # operators named on a coverage line; the rest are counted
+
+
+@dataclass(frozen=True)
+class MethodCoverage:
+    """Where one method's work runs: XNNPACK nodes by type, and the operator calls left outside the delegates.
+
+    Calls of ExecuTorch's scalar ``executorch_prim`` operators (symbolic sizes) are not counted: they are
+    bookkeeping, not compute an XNNPACK delegate could take.
+    """
+
+    method: str
+    delegates: int  # XNNPACK delegates
+    inside: tuple[tuple[str, int], ...] = ()  # XNNPACK node type -> count, most first
+    outside: tuple[tuple[str, int], ...] = ()  # operator -> calls outside delegates, most first
+    other_delegates: tuple[str, ...] = ()  # delegates of other backends (their ops are not seen)
+
+    @property
+    def nodes_inside(self) -> int:
+        return sum(count for _, count in self.inside)
+
+    @property
+    def calls_outside(self) -> int:
+        return sum(count for _, count in self.outside)
+
+    def lines(self) -> list[str]:
+        """One summary line, then the operators outside (the most called first), when there are any."""
+        inside, outside = self.nodes_inside, self.calls_outside
+        line = f"{self.method}: {_count(inside, 'XNNPACK node')} in {_count(self.delegates, 'delegate')}, "
+        if outside:
+            share = 100 * inside / (inside + outside)
+            line += f"{_count(outside, 'operator call')} outside ({share:.0f}% in XNNPACK)"
+        else:
+            line += "nothing outside"
+        if self.other_delegates:
+            line += (
+                f", {_count(len(self.other_delegates), 'delegate')} of {', '.join(sorted(set(self.other_delegates)))}"
+            )
+        lines = [line]
+        if self.outside:
+            named = ", ".join(f"{op} x{count}" for op, count in self.outside[:_TOP_OUTSIDE])
+            rest = len(self.outside) - _TOP_OUTSIDE
+            lines.append(f"  outside: {named}" + (f", and {rest} more" if rest > 0 else ""))
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "xnnpack_delegates": self.delegates,
+            "xnnpack_nodes": dict(self.inside),
+            "outside": dict(self.outside),
+            "other_delegates": list(self.other_delegates),
+        }
+
+
 @dataclass(frozen=True)
 class Report:
-    """The verdict on one program: ``ok`` when no problem was found, and what was looked at."""
+    """The verdict on one program: ``ok`` when no problem was found, and what was looked at.
+
+    An input that is not a readable program is a report too, with one ``unreadable`` problem
+    (``Report.unreadable``): every input gets one shape of answer.
+    """
 
     source: str
     problems: tuple[Problem, ...] = ()
@@ -84,17 +144,31 @@ class Report:
     other_delegates: tuple[str, ...] = ()  # backends of delegates that are not XNNPACK (not checked)
     loaded: bool = False
     ran: bool = False
+    coverage: tuple[MethodCoverage, ...] = ()
+    weights_checked: int | None = None  # named constants whose bytes were hashed; None: not asked for
+    notes: tuple[str, ...] = ()  # what could not be checked, in a sentence each
     runtime_log: str = field(default="", repr=False)
+
+    @classmethod
+    def unreadable(cls, source: str, reason: str) -> Report:
+        """The report on an input that is not a readable program (``reason`` does not repeat ``source``)."""
+        return cls(source=source, problems=(Problem("unreadable", reason),))
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def readable(self) -> bool:
+        return not any(problem.kind in ("unreadable", "internal") for problem in self.problems)
 
     def kinds(self) -> set[str]:
         return {problem.kind for problem in self.problems}
 
     def summary(self) -> str:
         """One line: verdict, file and what was checked."""
+        if not self.readable:
+            return f"ERROR {self.source}: {self.problems[0].message}"
         checked = ", ".join(
             [
                 _count(self.methods, "method"),
@@ -105,6 +179,8 @@ class Report:
         )
         if self.other_delegates:
             checked += f", not checked: {', '.join(self.other_delegates)}"
+        if self.weights_checked is not None:
+            checked += f", {_count(self.weights_checked, 'weight blob')} hashed"
         if self.loaded:
             checked += ", loaded" + (" and ran" if self.ran else "")
         if self.ok:
@@ -112,12 +188,19 @@ class Report:
         return f"FAIL  {self.source}: {_count(len(self.problems), 'problem')} ({checked})"
 
     def __str__(self) -> str:
-        return "\n".join([self.summary(), *(f"  {problem}" for problem in self.problems)])
+        if not self.readable:
+            return self.summary()
+        lines = [self.summary(), *(f"  {problem}" for problem in self.problems)]
+        lines += [f"  {line}" for coverage in self.coverage for line in coverage.lines()]
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the same content as the text form."""
+        """JSON-ready: the same content as the text form, one shape for every input."""
         data = asdict(self)
         data["ok"] = self.ok
         data["problems"] = [asdict(p) | {"dims": list(p.dims) if p.dims is not None else None} for p in self.problems]
         data["other_delegates"] = list(self.other_delegates)
+        data["coverage"] = [coverage.to_dict() for coverage in self.coverage]
+        data["notes"] = list(self.notes)
         return data
