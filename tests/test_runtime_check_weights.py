@@ -8,6 +8,7 @@ import torch
 
 from tests.runtime_check_corpus import program
 from tests.support import lower, run_pte
+from xnnguard.cli import main
 from xnnguard.runtime_check import verify_pte
 from xnnguard.runtime_check.pte_reader import read_program
 
@@ -33,6 +34,14 @@ def test_a_flipped_weight_byte_is_flagged_with_the_option_and_ok_without() -> No
     (problem,) = verify_pte(flipped, weights=True).problems
     assert (problem.kind, problem.method, problem.delegate) == ("weights", "forward", 0)
     assert "the weights were changed after export" in problem.message
+
+
+def test_the_command_line_option_flags_it(tmp_path, capsys) -> None:
+    path = tmp_path / "flipped.pte"
+    path.write_bytes(_flip_a_weight_byte(program("stock_float_conv_linear")))
+    assert main(["verify", str(path)]) == 0
+    assert main(["verify", str(path), "--weights"]) == 1
+    assert "[weights] forward/delegate 0/value " in capsys.readouterr().out
 
 
 @cache

@@ -192,14 +192,14 @@ def _program_region(buffer: Any, name: str) -> tuple[Region, int]:
             raise PteReadError(name, f"extended header says the program has {program_size} bytes, file has {size}")
         if segment_base and not program_size <= segment_base <= size:
             raise PteReadError(name, f"segment base offset {segment_base} lies outside the file ({size} bytes)")
-    return Region(buffer, 0, program_size, "Program"), segment_base
+    return Region(buffer, 0, program_size, "flatbuffer"), segment_base
 
 
 def _blob_region(program: TableView, reference: TableView | None, segment_base: int, name: str) -> Region:
     if reference is None:
         raise FlatbufferError("delegate has no processed data reference")
     index = reference.scalar("index")
-    what = "delegate blob"
+    what = "flatbuffer"
     if reference.scalar("location") == _DATA_LOCATION_INLINE:
         inline = program.tables("backend_delegate_data")
         if index >= len(inline):
