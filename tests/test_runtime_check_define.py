@@ -226,6 +226,17 @@ SHAPE_CASES = [
     ShapeCase("reshape_concatenate", "stock_move_values", r"XNNConcatenate2/axis$", 2, "XNNConcatenate2"),
     ShapeCase("reshape_slice_output", "stock_zoo", r"XNNStaticSlice/sizes\[1\]$", 2, None),
     ShapeCase("reshape_resize", "stock_zoo", r"XNNStaticResizeBilinear2D/new_height$", 9, "XNNAdd"),
+    # sizes the first run cannot allocate: a 4-billion-row output, a 4-billion-tap indirection buffer
+    ShapeCase(
+        "allocation_of_an_output", "stock_zoo", r"XNNDepthwiseConv2d/padding_bottom$", NO_VALUE, "XNNDepthwiseConv2d"
+    ),
+    ShapeCase(
+        "allocation_of_an_indirection_buffer",
+        "stock_zoo",
+        r"XNNAvgPooling2d/pooling_width$",
+        NO_VALUE,
+        "XNNAvgPooling2d",
+    ),
 ]
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "NodeCheck",
     "NodeView",
     "byte_size",
+    "element_bytes",
     "f32",
     "is_normal_positive",
     "quantized_label",
@@ -83,6 +84,11 @@ def f32(number: float) -> float:
 def is_normal_positive(scale: float) -> bool:
     """``scale > 0 && isnormal(scale)`` on a float32 (src/tensor.c:357): rejects 0, negatives, subnormals, inf, NaN."""
     return math.isfinite(scale) and scale >= _SMALLEST_NORMAL_F32
+
+
+def element_bytes(datatype: str) -> float:
+    """Bytes per element of a datatype (0.5 for the 4-bit ones; 1 for one unknown here)."""
+    return _ELEMENT_BITS.get(datatype, 8) / 8
 
 
 def byte_size(value: XnnValue) -> int | None:

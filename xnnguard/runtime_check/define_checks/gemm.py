@@ -23,7 +23,14 @@ import math
 from collections.abc import Iterator
 
 from xnnguard.runtime_check.define_checks.base import AT_LOAD, Finding, NodeCheck, NodeView, f32
-from xnnguard.runtime_check.define_checks.shapes import Reshape, Shape, ShapeOf, broadcast, require
+from xnnguard.runtime_check.define_checks.shapes import (
+    Reshape,
+    Shape,
+    ShapeOf,
+    broadcast,
+    require,
+    require_allocatable,
+)
 from xnnguard.runtime_check.xnnpack_blob import PerChannelGroupQuant, PerChannelQuant, PerTensorQuant, XnnValue
 
 __all__ = ["DEFINE_CHECKS", "RESHAPES"]
@@ -545,6 +552,9 @@ def reshape_convolution(view: NodeView, shape_of: ShapeOf) -> dict[str, Shape]:
         view.param("subsampling_width"),
         same,
     )
+    # one pointer per kernel tap and output pixel (convolution-nhwc.c:2716, :3026)
+    window = view.param("kernel_height") * view.param("kernel_width")
+    require_allocatable(8 * window * out_h * out_w, "its indirection buffer")
     return {"output_id": (batch, out_h, out_w, out_channels)}
 
 

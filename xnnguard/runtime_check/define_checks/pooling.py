@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterator
 
 from xnnguard.runtime_check.define_checks.base import AT_LOAD, QUANTIZED_8BIT, Finding, NodeCheck, NodeView
-from xnnguard.runtime_check.define_checks.shapes import Reshape, Shape, ShapeOf, require
+from xnnguard.runtime_check.define_checks.shapes import Reshape, Shape, ShapeOf, require, require_allocatable
 
 __all__ = ["DEFINE_CHECKS", "RESHAPES"]
 
@@ -133,6 +133,9 @@ def reshape_pooling(view: NodeView, shape_of: ShapeOf) -> dict[str, Shape]:
     dilation_w = view.param("dilation_width") if view.op == "XNNMaxPooling2d" else 1
     out_h = _pooled(height, pad_h, view.param("pooling_height"), dilation_h, view.param("stride_height"), same)
     out_w = _pooled(width, pad_w, view.param("pooling_width"), dilation_w, view.param("stride_width"), same)
+    # one pointer per pooling tap and output pixel (average-pooling-nhwc.c:432-470, max-pooling-nhwc.c)
+    window = view.param("pooling_height") * view.param("pooling_width")
+    require_allocatable(8 * window * out_h * out_w, "its indirection buffer")
     return {"output_id": (batch, out_h, out_w, channels)}
 
 

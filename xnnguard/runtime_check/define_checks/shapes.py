@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from xnnguard.runtime_check.define_checks.base import AT_RUN, Finding, NodeView
+from xnnguard.runtime_check.define_checks.base import AT_RUN, Finding, NodeView, element_bytes as _element_bytes
 from xnnguard.runtime_check.pte_reader import DelegateCall, TensorMeta
 from xnnguard.runtime_check.xnnpack_blob import XnnGraph, XnnValue
 
@@ -39,6 +39,16 @@ class _Unknown(Exception):
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise ReshapeFailure(message)
+
+
+# Past this many bytes for one tensor or one operator buffer, XNNPACK's allocation at the first run fails
+# (xnn_status_out_of_memory, "Propagating input shapes failed"): 16 GiB, beyond any device it runs on.
+ALLOCATION_LIMIT = 2**34
+
+
+def require_allocatable(size: int, what: str) -> None:
+    """``size`` bytes for ``what`` (an intermediate tensor, an indirection buffer) can be allocated."""
+    require(size <= ALLOCATION_LIMIT, f"{what} would take {size / 2**30:.3g} GiB, more than XNNPACK can allocate")
 
 
 def broadcast(first: Shape, second: Shape, what: str) -> Shape:
@@ -147,6 +157,19 @@ def propagate_shapes(
         for value_id in outputs:
             shapes.pop(value_id, None)
         for field, shape in computed.items():
+            written = values.get(node.ids[field])
+            size = math.prod(shape) * (_element_bytes(written.datatype) if written is not None else 1)
+            if size > ALLOCATION_LIMIT:
+                yield (
+                    node.index,
+                    Finding(
+                        "shape",
+                        f"its output {list(shape)} would take {size / 2**30:.3g} GiB, more than XNNPACK can allocate: "
+                        f"{AT_RUN} (XNNPACK's reshape fails)",
+                        node.ids[field],
+                    ),
+                )
+                continue
             shapes[node.ids[field]] = shape
 
     for value in values.values():
