@@ -97,3 +97,27 @@ def test_the_advice_on_a_static_3d_convolution_is_the_rewrite() -> None:
     """Its weight is dequantized by a delegate from a constant: a parameter the rewrite folds."""
     (problem,) = verify_pte(program("guarded_qconv3d_relu")).problems
     assert "xnnguard.rewrite_for_xnnpack turns a static-shape 3-D convolution like this one" in problem.message
+
+
+def test_the_advice_sees_a_weight_dequantized_by_a_kernel_as_a_parameter() -> None:
+    report = verify_pte(program("stock_qconv3d_relu_per_channel"))
+    (problem,) = [p for p in report.problems if p.kind == "unsupported_input"]
+    assert "xnnguard.rewrite_for_xnnpack turns a static-shape 3-D convolution like this one" in problem.message
+
+
+def test_the_advice_on_a_3d_convolution_whose_weight_depends_on_the_input_says_so() -> None:
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    class InputScaledConv3d(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(4, 3, 3, 3, 3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.conv3d(x, self.weight * x.mean())
+
+    x = (torch.randn(1, 3, 4, 6, 6),)
+    (problem,) = verify_pte(lower(InputScaledConv3d().eval(), x, XnnpackPartitioner()).buffer).problems
+    assert problem.kind == "unsupported_input"
+    assert "its weight is computed when the method runs" in problem.message

@@ -72,8 +72,8 @@ def _metas(method: Method) -> dict[int, TensorMeta]:
 
 def _sources(method: Method, value: int, dependencies: Dependencies, metas: dict[int, TensorMeta]) -> list[list[int]]:
     """For each call that writes ``value``: the tensor EValues it computes it from."""
-    found = [
-        [arg for arg in kernel.args[:-1] if arg in metas]
+    found = [  # an out-variant call lists its out argument last, and again as its return value
+        [arg for arg in kernel.args if arg in metas and arg != value]
         for kernel in method.kernel_calls
         if kernel.args and kernel.args[-1] == value
     ]
