@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,12 +201,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("demo-out"), help="where to write the .pte files")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    print(f"Lowering {len(CASES)} example models with stock ExecuTorch 1.5.1 and with xnnguard ...", flush=True)
-    rows = run_demo(args.out)
-    print(_table(rows))
-    print(f"\nVerifying the .pte files in {args.out}/ (what `xnnguard verify {args.out}` does):")
-    print(_verification(rows))
+    with _quiet_third_parties():
+        print(f"Lowering {len(CASES)} example models with stock ExecuTorch 1.5.1 and with xnnguard ...", flush=True)
+        rows = run_demo(args.out)
+        print(_table(rows))
+        print(f"\nVerifying the .pte files in {args.out}/ (what `xnnguard verify {args.out}` does):")
+        print(_verification(rows))
     return 0
+
+
+@contextmanager
+def _quiet_third_parties() -> Iterator[None]:
+    """What the CLI silences, silenced here too: torchao's missing CUDA extensions and triton (its logger),
+    torch's pytree deprecations (a logger and FutureWarnings), ExecuTorch's experimental-API warnings.
+
+    Through logging levels and warning filters, so that the demo's own messages and real errors still
+    reach stderr; the native runtime's lines are captured around each load (``captured_stderr``).
+    torch is imported already (this module needs it), so the levels it sets at import are overridden.
+    """
+    from xnnguard.cli import quiet_third_party_loggers
+
+    with warnings.catch_warnings():
+        for category in (FutureWarning, DeprecationWarning, UserWarning):
+            warnings.simplefilter("ignore", category)
+        quiet_third_party_loggers()
+        yield
 
 
 def _verification(rows: list[tuple[str, Outcome, Outcome]]) -> str:
