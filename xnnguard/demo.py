@@ -199,11 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xnnguard.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("demo-out"), help="where to write the .pte files")
+    parser.add_argument("--case", action="append", default=[], metavar="NAME",
+                        help="only the models whose name starts with NAME (repeatable; default: all)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    cases = tuple(c for c in CASES if not args.case or any(c.name.startswith(name) for name in args.case))
     with _quiet_third_parties():
-        print(f"Lowering {len(CASES)} example models with stock ExecuTorch 1.5.1 and with xnnguard ...", flush=True)
-        rows = run_demo(args.out)
+        print(f"Lowering {len(cases)} example models with stock ExecuTorch 1.5.1 and with xnnguard ...", flush=True)
+        rows = run_demo(args.out, cases)
         print(_table(rows))
         print(f"\nVerifying the .pte files in {args.out}/ (what `xnnguard verify {args.out}` does):")
         print(_verification(rows))
