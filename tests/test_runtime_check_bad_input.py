@@ -172,3 +172,16 @@ def test_a_path_to_a_mutated_file_names_the_path(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:50])
     with pytest.raises(PteReadError, match=f"^{path}: "):
         verify_pte(path)
+
+
+def test_importing_the_checker_imports_neither_torch_nor_the_runtime() -> None:
+    """``xnnguard verify`` reads flatbuffers: a CI job checking one file must not wait for torch."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, xnnguard.runtime_check.verify, xnnguard.cli\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('executorch.')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout

@@ -23,7 +23,7 @@ from xnnguard.runtime_check.report import MethodCoverage, Problem, Report
 from xnnguard.runtime_check.weights import WeightCheck, check_weights
 from xnnguard.runtime_check.xnnpack_blob import XNNPACK_BACKEND_ID, BlobFormatError, XnnGraph, read_xnnpack_blob
 
-__all__ = ["PteReadError", "assert_pte_ok", "verify_pte"]
+__all__ = ["PteReadError", "assert_pte_ok", "verify_pte", "warm_up"]
 
 logger = logging.getLogger("xnnguard.runtime_check")
 
@@ -56,6 +56,15 @@ def _coverage(method: Method, graphs: list[XnnGraph]) -> MethodCoverage:
     outside = Counter(call.operator for call in method.kernel_calls if not call.operator.startswith(_PRIM_OPERATORS))
     others = tuple(d.backend for d in method.delegates if d.backend != XNNPACK_BACKEND_ID)
     return MethodCoverage(method.name, len(graphs), _most_first(inside), _most_first(outside), others)
+
+
+def warm_up() -> None:
+    """Parse the FlatBuffers schemas the readers use (cached per process), e.g. before forking workers."""
+    from xnnguard.runtime_check.pte_reader import _program_schema
+    from xnnguard.runtime_check.xnnpack_blob import _schema
+
+    _program_schema()
+    _schema()
 
 
 def verify_pte(

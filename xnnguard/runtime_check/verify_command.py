@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import shutil
 import sys
+import time
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
@@ -153,14 +154,20 @@ class _Progress:
             self.stream.flush()
 
 
+_ADAPTIVE = -1  # a static check in automatic mode: start here, move to workers if the work turns out long
+_ADAPTIVE_AFTER = 1.0  # seconds of checking in this process after which the rest goes to workers
+
+
 def _jobs(requested: int, files: int, runtime: bool) -> int:
-    """Worker processes to use; 0 means this process."""
+    """Worker processes to use; 0 means this process, ``_ADAPTIVE`` this process first."""
     if requested == 1:
         return 0
     if requested > 1:
         return min(requested, files)
-    if runtime or files >= _PARALLEL_FROM:
+    if runtime:  # the runtime may crash: a worker of its own costs little against a load
         return max(1, min(os.cpu_count() or 1, files))
+    if files >= _PARALLEL_FROM and (os.cpu_count() or 1) > 1:
+        return _ADAPTIVE
     return 0
 
 
@@ -196,6 +203,10 @@ def _share_the_cores(jobs: int) -> None:
         import_runtime()._unsafe_reset_threadpool(max(1, (os.cpu_count() or 1) // jobs))
 
 
+def _check_batch(paths: list[str], options: tuple[bool, bool, bool]) -> list[Report]:
+    return [check_file(path, *options) for path in paths]
+
+
 def _in_workers(
     files: list[str], options: tuple[bool, bool, bool], jobs: int, progress: _Progress
 ) -> dict[str, Report]:
@@ -205,16 +216,22 @@ def _in_workers(
     broken: list[str] = []
     runtime = options[0] or options[1]
     initializer = functools.partial(_share_the_cores, jobs) if runtime and jobs > 1 else None
+    # a static check takes milliseconds: a task per file would cost more in messages than in checking
+    size = 1 if runtime else max(1, len(files) // (4 * jobs))
+    batches = [files[start : start + size] for start in range(0, len(files), size)]
     with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context(), initializer=initializer) as pool:
-        futures: dict[Future[Report], str] = {pool.submit(check_file, path, *options): path for path in files}
+        futures: dict[Future[list[Report]], list[str]] = {
+            pool.submit(_check_batch, batch, options): batch for batch in batches
+        }
         for future in as_completed(futures):
-            path = futures[future]
+            batch = futures[future]
             try:
-                done[path] = future.result()
+                done.update(zip(batch, future.result()))
             except BrokenProcessPool:
-                broken.append(path)
+                broken += batch
                 continue
-            progress.advance(path)
+            for path in batch:
+                progress.advance(path)
     for path in broken:
         with ProcessPoolExecutor(max_workers=1, mp_context=_pool_context()) as alone:
             try:
@@ -226,14 +243,24 @@ def _in_workers(
 
 
 def _check_all(files: list[str], options: tuple[bool, bool, bool], jobs: int, progress: _Progress) -> list[Report]:
-    if jobs == 0:
-        reports = []
-        for path in files:
-            reports.append(check_file(path, *options))
-            progress.advance(path)
-        return reports
-    by_path = _in_workers(files, options, jobs, progress)
-    return [by_path[path] for path in files]
+    """Every file's report, in order. ``_ADAPTIVE``: files are checked here until that has taken a second;
+    the rest (if there are enough to share) goes to one worker per core. Small static checks take
+    milliseconds, less than starting workers; big delegates take long enough to pay for them."""
+    if jobs > 0:
+        by_path = _in_workers(files, options, jobs, progress)
+        return [by_path[path] for path in files]
+    reports: list[Report] = []
+    started = time.perf_counter()
+    for index, path in enumerate(files):
+        remaining = files[index:]
+        if jobs == _ADAPTIVE and time.perf_counter() - started > _ADAPTIVE_AFTER and len(remaining) >= 4:
+            workers = min(os.cpu_count() or 1, len(remaining))
+            logger.info("moving the last %d files to %d worker processes", len(remaining), workers)
+            by_path = _in_workers(remaining, options, workers, progress)
+            return reports + [by_path[path] for path in remaining]
+        reports.append(check_file(path, *options))
+        progress.advance(path)
+    return reports
 
 
 def _exit_code(reports: list[Report]) -> int:
@@ -267,12 +294,13 @@ def _print_text(reports: list[Report], quiet: bool, out: TextIO) -> None:
 def _prepare(runtime: bool) -> None:
     """Import what the checks need once, here, so that forked workers inherit it.
 
-    A static check needs the checker and the kernel registry (a cache file, no runtime import). With
+    A static check needs the checker, its parsed schemas and the kernel registry (a cache file, no
+    runtime import): read here, each worker would read them again. With
     ``--load``/``--run``, the runtime: torch sets its loggers' levels when imported, so the third-party
     import chatter (torchao's optional kernels, pytree notices) is quieted right after it.
     """
-    import xnnguard.runtime_check.verify  # noqa: F401
     from xnnguard.runtime_check.missing_kernels import registered_operators
+    from xnnguard.runtime_check.verify import warm_up
 
     if runtime:
         import torch  # noqa: F401
@@ -284,6 +312,7 @@ def _prepare(runtime: bool) -> None:
 
         import_runtime()
     registered_operators()
+    warm_up()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -293,7 +322,9 @@ def run(args: argparse.Namespace) -> int:
     jobs = _jobs(args.jobs, len(files), runtime)
     if files:
         _prepare(runtime)
-        where = f"{jobs} worker processes" if jobs else "this process"
+        where = {0: "this process", _ADAPTIVE: "this process (workers take over if it takes long)"}.get(
+            jobs, f"{jobs} worker processes"
+        )
         logger.info("checking %d file%s in %s", len(files), "s" * (len(files) != 1), where)
     progress = _Progress(len(files), sys.stderr, enabled=not args.quiet)
     try:

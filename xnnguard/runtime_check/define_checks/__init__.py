@@ -45,12 +45,11 @@ for _op in QUANTIZATION_PRESERVING:
 # Fields a node may leave without a value (XNN_INVALID_VALUE_ID): a bias (XNNCompiler maps the invalid id
 # to itself, XNNCompiler.cpp:2226, and XNNPACK takes it as "no bias").
 _OPTIONAL_FIELDS = frozenset({"bias_id"})
-# ExecuTorch ScalarType -> bytes per element, and the XNNPACK datatypes a delegate argument may have for it
+# bytes per element of an ExecuTorch ScalarType (program.fbs) and of the XNNPACK datatypes a delegate
+# argument can have: a delegate's external value and the tensor bound to it must agree
 _SCALAR_TYPE_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 11: 1, 12: 1, 13: 1, 14: 4, 15: 2}
 _DATATYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int32": 4, "qint8": 1, "quint8": 1, "qint32": 4}
-_LONG = 4
-
-
+_LONG = 4  # ScalarType LONG: an int32 XNNPACK output the executor widens (XNNExecutor::convert_outputs)
 _NOT_DEFINED = frozenset({"NONE", "XNNScaledDotProductAttention"})
 
 
