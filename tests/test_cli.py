@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime_check_corpus import write_program
+from tests.runtime_check_corpus import program, write_program
 from xnnguard.cli import main
 
 GOOD, BAD = "stock_float_conv_linear", "stock_rank7"
@@ -53,6 +53,26 @@ def test_exit_code_is_2_when_an_input_cannot_be_read_even_beside_problems(corpus
     assert f"ERROR {noise}: not an ExecuTorch program" in out
 
 
+def test_every_message_names_the_file_once(tmp_path, capsys) -> None:
+    """A damaged program and a damaged blob: the path is in the line once, never inside the message again."""
+    damaged_program = tmp_path / "damaged_prog.pte"
+    data = bytearray(program(GOOD))
+    data[40:44] = b"\xff\xff\xff\x7f"  # an offset in the Program tables
+    damaged_program.write_bytes(bytes(data))
+    damaged_blob = tmp_path / "damaged_blob.pte"
+    blob = bytearray(program(GOOD))
+    header = blob.index(b"XH00")
+    blob[header : header + 4] = b"QNN0"
+    damaged_blob.write_bytes(bytes(blob))
+    _, out = verify(capsys, str(damaged_program), str(damaged_blob))
+    lines = out.split("\n\n")[0].splitlines()
+    (error,) = [line for line in lines if "damaged_prog" in line]
+    assert error.startswith(f"ERROR {damaged_program}: damaged program: ") and error.count("damaged_prog") == 1
+    (fail,) = [line for line in lines if "damaged_blob" in line]
+    assert fail.startswith(f"FAIL  {damaged_blob}: 1 problem") and fail.count("damaged_blob") == 1
+    assert sum(str(tmp_path) in line for line in lines) == 2  # the problem lines do not repeat the path
+
+
 def test_a_missing_path_is_an_unreadable_input(tmp_path, capsys) -> None:
     code, out = verify(capsys, str(tmp_path / "gone.pte"))
     assert (code, out.splitlines()[0]) == (2, f"ERROR {tmp_path / 'gone.pte'}: no such file or directory")
@@ -86,6 +106,28 @@ def test_json_output_has_the_same_content(corpus_dir: Path, capsys) -> None:
     assert by_name[GOOD]["ok"] and by_name[GOOD]["problems"] == []
     assert [p["kind"] for p in by_name[BAD]["problems"]] == ["rank"] * 3
     assert len(by_name[BAD]["problems"][0]["dims"]) == 7
+
+
+def test_json_gives_an_unreadable_file_the_shape_of_a_report(corpus_dir: Path, tmp_path, capsys) -> None:
+    code, out = verify(capsys, str(corpus_dir / f"{GOOD}.pte"), str(tmp_path / "gone.pte"), "--json")
+    readable, unreadable = sorted(json.loads(out)["files"], key=lambda entry: entry["ok"])[::-1]
+    assert code == 2 and set(readable) == set(unreadable)
+    assert [p["kind"] for p in unreadable["problems"]] == ["unreadable"]
+    assert unreadable["problems"][0]["message"] == "no such file or directory"
+
+
+@pytest.mark.parametrize("argv", [["-v", "verify"], ["verify", "-v"]], ids=["before", "after"])
+def test_verbose_works_before_and_after_the_subcommand(argv: list[str], corpus_dir: Path, capsys) -> None:
+    assert main([*argv, str(corpus_dir / f"{GOOD}.pte")]) == 0
+    err = capsys.readouterr().err
+    assert "checking 1 file in this process" in err and f"ok    {corpus_dir / GOOD}.pte" in err
+
+
+@pytest.mark.parametrize("jobs", ["-3", "two"])
+def test_a_bad_jobs_value_is_a_usage_error(jobs: str, corpus_dir: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["verify", "--jobs", jobs, str(corpus_dir)])
+    assert done.value.code == 2 and "argument --jobs" in capsys.readouterr().err
 
 
 def test_quiet_prints_only_files_with_problems(corpus_dir: Path, capsys) -> None:
@@ -151,3 +193,74 @@ def test_running_the_command_in_process_leaves_logging_as_it_was(corpus_dir: Pat
     before = {name: (logging.getLogger(name).level, list(logging.getLogger(name).handlers)) for name in names}
     verify(capsys, str(corpus_dir / f"{GOOD}.pte"))
     assert {name: (logging.getLogger(name).level, list(logging.getLogger(name).handlers)) for name in names} == before
+
+
+def test_jobs_2_and_serial_give_the_same_json(tmp_path, capsys) -> None:
+    for index, name in enumerate(["stock_float_conv_linear", "stock_rank7", "stock_qconv_linear", "stock_zoo"] * 5):
+        (tmp_path / f"{index:02d}_{name}.pte").write_bytes(program(name))
+    (tmp_path / "noise.pte").write_bytes(random.Random(2).randbytes(256))
+    serial = json.loads(verify(capsys, str(tmp_path), "--json", "--jobs", "1")[1])
+    parallel = json.loads(verify(capsys, str(tmp_path), "--json", "--jobs", "2")[1])
+    assert parallel == serial and serial["summary"]["files"] == 21
+
+
+def test_the_automatic_mode_moves_a_long_check_to_workers_with_the_same_result(
+    tmp_path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xnnguard.runtime_check import verify_command
+
+    for index, name in enumerate(["stock_float_conv_linear", "stock_rank7", "stock_qconv_linear", "stock_zoo"] * 5):
+        (tmp_path / f"{index:02d}_{name}.pte").write_bytes(program(name))
+    serial = json.loads(verify(capsys, str(tmp_path), "--json", "--jobs", "1")[1])
+    monkeypatch.setattr(verify_command, "_ADAPTIVE_AFTER", 0.0)  # "long" from the first file on
+    assert main(["-v", "verify", str(tmp_path), "--json"]) == 1
+    captured = capsys.readouterr()
+    assert "moving the last 20 files to" in captured.err
+    assert json.loads(captured.out) == serial
+
+
+def test_a_static_check_imports_neither_torch_nor_the_runtime(corpus_dir: Path, tmp_path) -> None:
+    """The kernel registry comes from a cache made once (in a child process) per installed runtime."""
+    probe = (
+        "import sys\n"
+        "from xnnguard.cli import main\n"
+        f"code = main(['verify', {str(corpus_dir / 'nested' / BAD) + '.pte'!r}])\n"
+        "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith('executorch.extension'))\n"
+        "print('HEAVY', heavy, code)\n"
+    )
+    env = {**os.environ, "XNNGUARD_CACHE_DIR": str(tmp_path / "cache")}
+    for _ in range(2):  # the first run fills the cache, the second finds it
+        result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+        assert "HEAVY [] 1" in result.stdout, result.stdout + result.stderr
+        assert "[rank] forward/delegate 0/node 0 (XNNStaticTranspose)" in result.stdout
+    assert len(list((tmp_path / "cache").glob("kernels-*.json"))) == 1
+
+
+def test_the_cached_kernel_registry_is_the_runtimes(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from xnnguard.runtime_check import missing_kernels
+
+    monkeypatch.setenv("XNNGUARD_CACHE_DIR", str(tmp_path))
+    assert missing_kernels._registry_from_child() == missing_kernels._live_registry()
+
+
+def test_a_file_that_crashes_the_runtime_is_reported_alone(tmp_path) -> None:
+    """A FullyConnected whose bias is its own output crashes the native runtime at load: that file gets the
+    crash and its static problems; the files that shared its worker pool are checked as usual."""
+    from tests.mutation import edit
+
+    (tmp_path / "crash.pte").write_bytes(edit(program("stock_int4_linear"), r"XNNFullyConnected/bias_id$", 4))
+    for name in ("stock_float_conv_linear", "stock_qconv_linear", "stock_move_values"):
+        write_program(tmp_path, name)
+    result = subprocess.run(
+        [*XNNGUARD, "verify", str(tmp_path), "--load", "--jobs", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    reports = {Path(entry["source"]).stem: entry for entry in json.loads(result.stdout)["files"]}
+    assert result.returncode == 1
+    assert [name for name, report in reports.items() if not report["ok"]] == ["crash"]
+    kinds = [problem["kind"] for problem in reports["crash"]["problems"]]
+    assert kinds[-1] == "load" and "unwritten_value" in kinds
+    assert "the runtime crashed loading it" in reports["crash"]["problems"][-1]["message"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,16 @@ def test_the_demo_verification_flags_the_stock_file_and_passes_xnnguards(patchif
     lines = demo._verification([patchify_row]).splitlines()
     assert "stock.pte: FLAGGED (rank): " in lines[0]
     assert lines[1].strip() == f"{Path(patchify_row[2].pte).name}: ok"
+
+
+def test_the_demo_prints_no_third_party_chatter(tmp_path: Path) -> None:
+    """No torchao CUDA-extension lines, pytree deprecations or cpuinfo lines: only the demo's own output."""
+    result = subprocess.run(
+        [sys.executable, "-m", "xnnguard.demo", "--case", "int8 conv2d + relu", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    assert result.stderr == ""
+    assert "int8 conv2d + relu" in result.stdout and "int8_conv2d___relu.stock.pte: ok" in result.stdout

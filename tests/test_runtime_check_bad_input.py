@@ -14,16 +14,9 @@ import pytest
 
 from tests.runtime_check_corpus import program, write_program
 from xnnguard.runtime_check import PteReadError, Report, verify_pte
+from xnnguard.runtime_check.report import KINDS
 
-KNOWN_KINDS = {
-    "rank",
-    "unwritten_value",
-    "unwritten_output",
-    "extern_ids",
-    "blob_format",
-    "missing_kernel",
-    "unsupported_input",
-}
+KNOWN_KINDS = set(KINDS) - {"load", "run", "weights", "unreadable"}  # what a static check reports
 FUZZ_SOURCES = ["stock_rank7", "stock_qconv3d_relu", "stock_qconv_linear"]
 MUTATIONS_PER_SOURCE = 400  # 1,200 in all
 
@@ -179,3 +172,16 @@ def test_a_path_to_a_mutated_file_names_the_path(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:50])
     with pytest.raises(PteReadError, match=f"^{path}: "):
         verify_pte(path)
+
+
+def test_importing_the_checker_imports_neither_torch_nor_the_runtime() -> None:
+    """``xnnguard verify`` reads flatbuffers: a CI job checking one file must not wait for torch."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, xnnguard.runtime_check.verify, xnnguard.cli\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('executorch.')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout

@@ -10,9 +10,10 @@ from executorch.backends.xnnpack.serialization import xnnpack_graph_schema as xs
 from executorch.backends.xnnpack.serialization.xnnpack_graph_serialize import serialize_xnnpack_binary
 
 from xnnguard.runtime_check.checks import delegate_problems
+from xnnguard.runtime_check.define_checks import define_problems
 from xnnguard.runtime_check.flatbuffer_view import Region
 from xnnguard.runtime_check.pte_reader import DelegateCall
-from xnnguard.runtime_check.xnnpack_blob import XnnGraph, read_xnnpack_blob
+from xnnguard.runtime_check.xnnpack_blob import PerChannelQuant, PerTensorQuant, XnnGraph, read_xnnpack_blob
 
 NO_VALUE = 0xFFFFFFFF
 INPUT, OUTPUT = 1, 2
@@ -69,6 +70,52 @@ def test_the_reader_returns_what_executorch_serialized() -> None:
     assert [(n.op, n.inputs, n.outputs) for n in graph.nodes] == [("XNNAdd", (0, 1), (2,)), ("XNNAdd", (2, 0), (3,))]
 
 
+def test_the_reader_returns_datatypes_quantization_and_node_parameters() -> None:
+    qint8, qcint8 = xs.XNNDatatype.xnn_datatype_qint8, xs.XNNDatatype.xnn_datatype_qcint8
+    values = [
+        xs.XValue(
+            xs.XNNQuantizedTensorValue(
+                xs.XNNTensorValue(qint8, 4, [1, 4, 4, 2], 0, 0, INPUT, 0), xs.PerTensorQuant(0.5, -3)
+            )
+        ),
+        xs.XValue(
+            xs.XNNQuantizedTensorValue(
+                xs.XNNTensorValue(qcint8, 4, [3, 1, 1, 2], 1, NO_VALUE, 0, 1),
+                xs.PerChannelQuant([0.25, 0.5, 1.0], 0, 0, 0),
+            )
+        ),
+        xs.XValue(
+            xs.XNNQuantizedTensorValue(
+                xs.XNNTensorValue(qint8, 4, [1, 4, 4, 3], 0, 1, OUTPUT, 2), xs.PerTensorQuant(0.125, 7)
+            )
+        ),
+    ]
+    conv = xs.XNNConv2d(
+        padding_top=0, padding_right=1, padding_bottom=0, padding_left=1, kernel_height=1, kernel_width=1,
+        subsampling_height=1, subsampling_width=1, dilation_height=1, dilation_width=1, group_input_channels=2,
+        group_output_channels=3, groups=1, adjustment_height=0, adjustment_width=0, input1_id=0, filter_id=1,
+        bias_id=NO_VALUE, output_id=2, flags=0,
+    )  # fmt: skip
+    node = xs.XNode(conv, debug_handle=7, output_min_max=xs.OutputMinMax(0.0, 6.0))
+    graph = serialized(values, [node], 2)
+    assert [(v.datatype, v.quantization) for v in graph.values] == [
+        ("qint8", PerTensorQuant(0.5, -3)),
+        ("qcint8", PerChannelQuant((0.25, 0.5, 1.0), True, 0, 0, 0)),
+        ("qint8", PerTensorQuant(0.125, 7)),
+    ]
+    (read,) = graph.nodes
+    assert read.ids == {"input1_id": 0, "filter_id": 1, "bias_id": NO_VALUE, "output_id": 2}
+    assert (read.params["padding_right"], read.params["group_output_channels"], read.params["flags"]) == (1, 3, 0)
+    assert (read.output_min_max, read.debug_handle) == ((0.0, 6.0), 7)
+
+
+def test_vector_parameters_are_read_as_tuples() -> None:
+    values = [tensor(0, [2, 3, 4], flags=INPUT, external_id=0), tensor(1, [4, 2, 3], flags=OUTPUT, external_id=1)]
+    transpose = xs.XNNStaticTranspose(num_dims=3, perm=[2, 0, 1], input_id=0, output_id=1, flags=0)
+    (node,) = serialized(values, [xs.XNode(transpose, 0)], 2).nodes
+    assert node.params["perm"] == (2, 0, 1) and node.output_min_max is None
+
+
 def test_a_missing_bias_and_unused_concatenation_inputs_are_not_reads() -> None:
     values = [tensor(i, [2, 2], flags=INPUT, external_id=i) for i in range(3)] + [tensor(3, [2, 2]), tensor(4, [4, 2])]
     nodes = [
@@ -120,6 +167,23 @@ def test_a_constant_counts_as_written() -> None:
     assert kinds(graph, num_inputs=1) == []
 
 
+def test_the_rank_is_that_of_the_sizes_listed_as_the_runtime_takes_it() -> None:
+    """XNNCompiler ignores num_dims (XNNCompiler.cpp:354): a 2-D value declaring 8 dims is no rank-limit
+    problem, only a contradiction in the graph."""
+    values = well_formed_values()
+    values[2].xvalue_union.num_dims = 8
+    (problem,) = delegate_problems(serialized(values, WELL_FORMED_NODES, 3), (DelegateCall((0, 1, 2), 2),), "f", 0)
+    assert problem.kind == "rank" and "declares 8 dims but lists 2 sizes" in problem.message
+
+
+def test_reading_a_value_a_later_node_writes_is_an_unwritten_value() -> None:
+    """XNNPACK runs nodes in the order they are defined: node 0 reads t before node 1 writes it."""
+    graph = serialized(well_formed_values(), [add(2, 0, 3), add(0, 1, 2)], 3)
+    problems = delegate_problems(graph, (DelegateCall((0, 1, 2), 2),), "forward", 0)
+    assert [(p.kind, p.node, p.value) for p in problems] == [("unwritten_value", 0, 2)]
+    assert "before any node writes it" in problems[0].message
+
+
 def test_reading_an_id_the_delegate_never_defines_is_an_unwritten_value() -> None:
     graph = serialized(well_formed_values(), [add(0, 9, 2), add(2, 0, 3)], 3)
     assert kinds(graph, num_inputs=2) == ["unwritten_value"]
@@ -154,3 +218,79 @@ def test_an_external_id_out_of_range_is_an_extern_ids_problem() -> None:
 def test_a_call_with_another_argument_count_than_num_externs_is_an_extern_ids_problem() -> None:
     graph = serialized(well_formed_values(), WELL_FORMED_NODES, 3)
     assert kinds(graph, num_inputs=2, num_args=4) == ["extern_ids"]
+
+
+# Define-time rules no single field of a real 1.5.1 program reaches (the field they need is absent there,
+# flatbuffers leaves out default values): the same check on a graph built by hand.
+
+
+def define_kinds(graph: XnnGraph, num_inputs: int) -> list[str]:
+    args = tuple(range(graph.num_externs))
+    return [p.kind for p in define_problems(graph, (DelegateCall(args, num_inputs),), "forward", 0)]
+
+
+def quantized(id_out: int, dims: list[int], datatype: xs.XNNDatatype, params: object, **fields: int) -> xs.XValue:
+    spec = {"constant": 0, "external_id": NO_VALUE, "flags": 0} | fields
+    tensor_value = xs.XNNTensorValue(
+        datatype, len(dims), dims, spec["constant"], spec["external_id"], spec["flags"], id_out
+    )
+    return xs.XValue(xs.XNNQuantizedTensorValue(tensor_value, params))
+
+
+def conv_graph(filter_params: object, filter_type: xs.XNNDatatype, **node: float) -> XnnGraph:
+    """x (qint8 NHWC input) -> 3x3 Conv2d with a 2-channel constant filter -> y (qint8 output)."""
+    qint8 = xs.XNNDatatype.xnn_datatype_qint8
+    values = [
+        quantized(0, [1, 4, 4, 3], qint8, xs.PerTensorQuant(0.5, 0), external_id=0, flags=INPUT),
+        quantized(1, [2, 3, 3, 3], filter_type, filter_params, constant=1),
+        quantized(2, [1, 2, 2, 2], qint8, xs.PerTensorQuant(0.5, 0), external_id=1, flags=OUTPUT),
+    ]
+    fields = dict(
+        padding_top=0, padding_right=0, padding_bottom=0, padding_left=0, kernel_height=3, kernel_width=3,
+        subsampling_height=1, subsampling_width=1, dilation_height=1, dilation_width=1, group_input_channels=3,
+        group_output_channels=2, groups=1, adjustment_height=0, adjustment_width=0, input1_id=0, filter_id=1,
+        bias_id=NO_VALUE, output_id=2, flags=0,
+    )  # fmt: skip
+    fields.update({key: int(value) for key, value in node.items()})
+    graph = xs.XNNGraph("0", [xs.XNode(xs.XNNConv2d(**fields), 0)], values, 2, [], [], [])
+    graph.constant_data = [xs.ConstantDataOffset(0, 0), xs.ConstantDataOffset(0, 54)]
+    blob = serialize_xnnpack_binary(graph, bytearray(b"\0" * 64))
+    return read_xnnpack_blob(Region(blob, 0, len(blob), "blob"))
+
+
+def test_an_external_value_with_constant_data_is_an_extern_ids_problem() -> None:
+    """XNNPACK treats a value with data as static even when flagged external: binding it fails at run."""
+    graph = serialized(well_formed_values(v0=dict(constant=1)), WELL_FORMED_NODES, 3)
+    assert "extern_ids" in define_kinds(graph, num_inputs=2)
+
+
+def test_a_symmetric_qint8_filter_is_fine() -> None:
+    qint8 = xs.XNNDatatype.xnn_datatype_qint8
+    assert define_kinds(conv_graph(xs.PerTensorQuant(0.25, 0), qint8), num_inputs=1) == []
+
+
+def test_a_qint8_filter_with_a_zero_point_is_a_quant_range_problem() -> None:
+    """xnn_define_convolution_2d: a qint8 filter needs zero point 0 (convolution-2d.c:1219)."""
+    qint8 = xs.XNNDatatype.xnn_datatype_qint8
+    assert define_kinds(conv_graph(xs.PerTensorQuant(0.25, 3), qint8), num_inputs=1) == ["quant_range"]
+
+
+def test_a_per_channel_filter_along_another_dim_than_its_outputs_is_a_quant_range_problem() -> None:
+    """A Conv2d's qcint8 filter is quantized along dim 0, its output channels (convolution-2d.c:1359)."""
+    qcint8 = xs.XNNDatatype.xnn_datatype_qcint8
+    along_outputs = xs.PerChannelQuant([0.25, 0.5], 0, 0, 0)
+    along_inputs = xs.PerChannelQuant([0.25, 0.5, 0.5], 3, 0, 0)
+    assert define_kinds(conv_graph(along_outputs, qcint8), num_inputs=1) == []
+    assert define_kinds(conv_graph(along_inputs, qcint8), num_inputs=1) == ["quant_range"]
+
+
+def test_a_pooling_clamp_with_min_above_max_is_a_node_params_problem() -> None:
+    """xnn_subgraph_check_output_min_max on MaxPooling2d (max-pooling-2d.c:326)."""
+    values = [tensor(0, [1, 4, 4, 2], flags=INPUT, external_id=0), tensor(1, [1, 2, 2, 2], flags=OUTPUT, external_id=1)]
+    pool = xs.XNNMaxPooling2d(
+        padding_top=0, padding_right=0, padding_bottom=0, padding_left=0, pooling_height=2, pooling_width=2,
+        stride_height=2, stride_width=2, dilation_height=1, dilation_width=1, input_id=0, output_id=1, flags=0,
+    )  # fmt: skip
+    fine = serialized(values, [xs.XNode(pool, 0, xs.OutputMinMax(0.0, 6.0))], 2)
+    inverted = serialized(values, [xs.XNode(pool, 0, xs.OutputMinMax(6.0, 0.0))], 2)
+    assert define_kinds(fine, num_inputs=1) == [] and define_kinds(inverted, num_inputs=1) == ["node_params"]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import cache
 
 from tests.runtime_check_corpus import program, write_program
+from tests.support import lower
 from xnnguard.runtime_check import verify_pte
 from xnnguard.runtime_check.runtime_load import captured_stderr
 
@@ -57,3 +59,65 @@ def test_both_stderr_streams_are_captured_and_restored() -> None:
     after_fd = os.fstat(2)
     assert (before_fd.st_dev, before_fd.st_ino) == (after_fd.st_dev, after_fd.st_ino)
     assert sys.stderr is before_stream
+
+
+def test_a_missing_kernel_load_failure_carries_the_runtimes_log_lines() -> None:
+    """The 0x14 of a missing kernel is explained by the runtime's "kernel ... not found" line, as others are."""
+    (load,) = [p for p in verify_pte(program("stock_maxpool3d"), load=True).problems if p.kind == "load"]
+    assert "error: 0x:14" in load.message
+    assert "kernel 'aten::max_pool3d_with_indices.out' not found" in load.message
+
+
+@cache
+def _conv3d_with_dynamic_batch() -> bytes:
+    """A Conv3d exported with a dynamic batch: xnnguard's rewrite declines it, the partitioner keeps it out."""
+    import torch
+    from torch.export import Dim
+
+    import xnnguard
+    from xnnguard.example_models import Conv3dReLU
+
+    x = (torch.randn(2, 3, 4, 6, 6),)
+    ep = torch.export.export(Conv3dReLU().eval(), x, dynamic_shapes=({0: Dim("batch", min=1, max=4)},))
+    rewriter = xnnguard.XnnpackRewriter()
+    ep = rewriter(ep)
+    assert [record.rule for record in rewriter.report] == [xnnguard.Rule.CONV3D]  # declined, and said so
+    return lower(ep, x, xnnguard.XnnpackPartitioner()).buffer
+
+
+def test_the_advice_on_a_3d_convolution_the_rewrite_declined_says_what_to_change() -> None:
+    (problem,) = verify_pte(_conv3d_with_dynamic_batch()).problems
+    assert problem.kind == "unsupported_input"
+    assert "its input has a dynamic shape (at most [4, 3, 4, 6, 6])" in problem.message
+    assert "export the model with static input sizes" in problem.message
+    assert "turns a static-shape 3-D convolution" not in problem.message
+
+
+def test_the_advice_on_a_static_3d_convolution_is_the_rewrite() -> None:
+    """Its weight is dequantized by a delegate from a constant: a parameter the rewrite folds."""
+    (problem,) = verify_pte(program("guarded_qconv3d_relu")).problems
+    assert "xnnguard.rewrite_for_xnnpack turns a static-shape 3-D convolution like this one" in problem.message
+
+
+def test_the_advice_sees_a_weight_dequantized_by_a_kernel_as_a_parameter() -> None:
+    report = verify_pte(program("stock_qconv3d_relu_per_channel"))
+    (problem,) = [p for p in report.problems if p.kind == "unsupported_input"]
+    assert "xnnguard.rewrite_for_xnnpack turns a static-shape 3-D convolution like this one" in problem.message
+
+
+def test_the_advice_on_a_3d_convolution_whose_weight_depends_on_the_input_says_so() -> None:
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    class InputScaledConv3d(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(4, 3, 3, 3, 3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.conv3d(x, self.weight * x.mean())
+
+    x = (torch.randn(1, 3, 4, 6, 6),)
+    (problem,) = verify_pte(lower(InputScaledConv3d().eval(), x, XnnpackPartitioner()).buffer).problems
+    assert problem.kind == "unsupported_input"
+    assert "its weight is computed when the method runs" in problem.message

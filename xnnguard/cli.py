@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"xnnguard {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what xnnguard does (to stderr)")
+    # a subcommand accepts -v after its name too (its default is SUPPRESS, so this one stays)
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     verify_command.register(subcommands)
     return parser

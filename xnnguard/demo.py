@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,14 +199,36 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xnnguard.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("demo-out"), help="where to write the .pte files")
+    parser.add_argument("--case", action="append", default=[], metavar="NAME",
+                        help="only the models whose name starts with NAME (repeatable; default: all)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    print(f"Lowering {len(CASES)} example models with stock ExecuTorch 1.5.1 and with xnnguard ...", flush=True)
-    rows = run_demo(args.out)
-    print(_table(rows))
-    print(f"\nVerifying the .pte files in {args.out}/ (what `xnnguard verify {args.out}` does):")
-    print(_verification(rows))
+    cases = tuple(c for c in CASES if not args.case or any(c.name.startswith(name) for name in args.case))
+    with _quiet_third_parties():
+        print(f"Lowering {len(cases)} example models with stock ExecuTorch 1.5.1 and with xnnguard ...", flush=True)
+        rows = run_demo(args.out, cases)
+        print(_table(rows))
+        print(f"\nVerifying the .pte files in {args.out}/ (what `xnnguard verify {args.out}` does):")
+        print(_verification(rows))
     return 0
+
+
+@contextmanager
+def _quiet_third_parties() -> Iterator[None]:
+    """What the CLI silences, silenced here too: torchao's missing CUDA extensions and triton (its logger),
+    torch's pytree deprecations (a logger and FutureWarnings), ExecuTorch's experimental-API warnings.
+
+    Through logging levels and warning filters, so that the demo's own messages and real errors still
+    reach stderr; the native runtime's lines are captured around each load (``captured_stderr``).
+    torch is imported already (this module needs it), so the levels it sets at import are overridden.
+    """
+    from xnnguard.cli import quiet_third_party_loggers
+
+    with warnings.catch_warnings():
+        for category in (FutureWarning, DeprecationWarning, UserWarning):
+            warnings.simplefilter("ignore", category)
+        quiet_third_party_loggers()
+        yield
 
 
 def _verification(rows: list[tuple[str, Outcome, Outcome]]) -> str:

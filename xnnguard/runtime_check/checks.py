@@ -76,18 +76,19 @@ def rank_problems(graph: XnnGraph, flow: nx.DiGraph, method: str, delegate: int)
     problems = []
     for value in graph.values:
         node = None
-        if exceeds_rank_limit(value.num_dims):
+        # the runtime takes the rank from the sizes listed and ignores num_dims (XNNCompiler.cpp:354-356)
+        if exceeds_rank_limit(len(value.dims)):
             node = _toucher(flow, value.id)
             message = (
-                f"tensor has {value.num_dims} dims: XNNPACK rejects tensors above {XNN_MAX_TENSOR_DIMS} dims "
+                f"tensor has {len(value.dims)} dims: XNNPACK rejects tensors above {XNN_MAX_TENSOR_DIMS} dims "
                 f'at load ("Failed to define tensor")'
             )
             problems.append(Problem("rank", message, **_at(method, delegate, node, value)))
         if len(value.dims) != value.num_dims:
             node = node or _toucher(flow, value.id)
             message = (
-                f"tensor declares {value.num_dims} dims but lists {len(value.dims)} sizes: "
-                "XNNPACK defines it with a wrong shape or fails at load"
+                f"tensor declares {value.num_dims} dims but lists {len(value.dims)} sizes: the runtime goes by the "
+                "sizes, so the graph contradicts itself (damaged, or written by another tool)"
             )
             problems.append(Problem("rank", message, **_at(method, delegate, node, value)))
     return problems
@@ -98,9 +99,10 @@ def _is_written(flow: nx.DiGraph, value: XnnValue) -> bool:
 
 
 def dataflow_problems(graph: XnnGraph, flow: nx.DiGraph, method: str, delegate: int) -> list[Problem]:
-    """Reads of values nothing writes, and external outputs no node writes."""
+    """Reads of values nothing writes (or nothing has written yet), and external outputs no node writes."""
     problems = []
     seen: set[int] = set()
+    written: set[int] = set()  # values some earlier node writes
     for node in graph.nodes:
         for value_id in node.inputs:
             if value_id in seen:
@@ -118,6 +120,15 @@ def dataflow_problems(graph: XnnGraph, flow: nx.DiGraph, method: str, delegate: 
                     "the op computes from uninitialized memory or XNNPACK fails to create the runtime"
                 )
                 problems.append(Problem("unwritten_value", message, **_at(method, delegate, node, value)))
+            elif not (value.is_external_input or value.is_constant) and value_id not in written:
+                # XNNPACK runs the nodes in the order they are defined (src/runtime.c): a value written by this
+                # node or a later one holds nothing yet
+                message = (
+                    f"reads value {value_id} before any node writes it: the op computes from uninitialized memory "
+                    "or the runtime crashes"
+                )
+                problems.append(Problem("unwritten_value", message, **_at(method, delegate, node, value)))
+        written.update(node.outputs)
         for value_id in node.outputs:
             if flow.nodes[_value_key(value_id)].get("value") is None:
                 message = (

@@ -97,12 +97,41 @@ class TableView:
     def has(self, name: str) -> bool:
         return self._field_pos(self._field(name).slot) is not None
 
-    def scalar(self, name: str) -> Any:
+    def field_offset(self, name: str) -> int | None:
+        """Where a scalar field's bytes are in the buffer (None when the field takes its default), for
+        tools that patch a field in place."""
+        return self._field_pos(self._field(name).slot)
+
+    def vector_length_offset(self, name: str) -> int | None:
+        """Where a vector's u32 length is in the buffer (None when the vector is absent)."""
+        pos = self._field_pos(self._field(name).slot)
+        return None if pos is None else self._indirect(pos)
+
+    def union_tag_offset(self, name: str) -> int | None:
+        """Where a union's u8 type tag is in the buffer (None when absent)."""
+        return self._field_pos(self._field(name).slot - 1)
+
+    def element_offsets(self, name: str) -> list[int]:
+        """Where each element of a scalar vector is in the buffer."""
         field = self._field(name)
-        pos = self._field_pos(field.slot)
-        if pos is None:
+        size = struct.calcsize(field.scalar_format)
+        start, length = self._vector(name, size)
+        return [start + size * index for index in range(length)]
+
+    def scalar(self, name: str) -> Any:
+        # The hot path of reading a big delegate: the table's bytes were checked to lie in the region when
+        # the view was made, so a field that lies in the table needs no further bounds check.
+        field = self.fields[name]
+        entry = 4 + 2 * field.slot
+        if entry + 2 > self.vtable_size:
             return field.default
-        return self.region.unpack(_struct(field.scalar_format), pos)
+        offset = _U16.unpack_from(self.region.buffer, self.vtable + entry)[0]
+        if offset == 0:
+            return field.default
+        fmt = _struct(field.scalar_format)
+        if offset + fmt.size > self.table_size:
+            raise FlatbufferError(f"{self.region.what}: field {name} of {self.name} at {self.pos} lies past the table")
+        return fmt.unpack_from(self.region.buffer, self.pos + offset)[0]
 
     def _indirect(self, pos: int) -> int:
         return pos + self.region.unpack(_U32, pos)

@@ -4,33 +4,124 @@ Found today only when the method is loaded (``kernel 'aten::max_pool3d_with_indi
 the runtime's registry can be asked up front. The installed runtime is ExecuTorch's Python runtime
 with its quantized kernels (``executorch.kernels.quantized``), which programs with q/dq left outside
 XNNPACK need anyway.
+
+Asking the registry means importing the runtime, which imports torch: seconds that a static check of
+one file should not cost. So the registry is read once per installed runtime, in a child process, and
+kept in a small cache file keyed by the runtime libraries' paths, sizes and modification times
+(``$XNNGUARD_CACHE_DIR``, else ``$XDG_CACHE_HOME/xnnguard``, else ``~/.cache/xnnguard``). A process that
+has imported the runtime already (``--load``, tests) asks it directly.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import logging
+import os
+import subprocess
+import sys
+import tempfile
 from contextlib import suppress
 from functools import cache
+from pathlib import Path
 
 from xnnguard.runtime_check.pte_reader import Method
 from xnnguard.runtime_check.report import Problem
 
-__all__ = ["missing_kernel_problems", "registered_operators"]
+__all__ = ["missing_kernel_problems", "registered_operators", "runtime_fingerprint"]
 
 logger = logging.getLogger("xnnguard.runtime_check")
+
+_RUNTIME_MODULE = "executorch.extension.pybindings._C"
+_LIBRARY_DIRECTORIES = ("extension/pybindings", "kernels/quantized", "lib")
+_PRINT_REGISTRY = (
+    "import json, sys, warnings\n"
+    "warnings.simplefilter('ignore')\n"
+    "from xnnguard.runtime_check.missing_kernels import _live_registry\n"
+    "json.dump(sorted(_live_registry()), sys.stdout)\n"
+)
+
+
+def _live_registry() -> frozenset[str]:
+    """The registry of the runtime imported into this process (imports it if needed)."""
+    from executorch.extension.pybindings import portable_lib
+
+    with suppress(ImportError):
+        import executorch.kernels.quantized  # noqa: F401  (registers the quantized_decomposed kernels)
+    return frozenset(portable_lib._get_operator_names())
+
+
+def runtime_fingerprint() -> str | None:
+    """A digest of the installed runtime's shared libraries (path, size, mtime); None without ExecuTorch."""
+    spec = importlib.util.find_spec("executorch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    entries = []
+    for directory in _LIBRARY_DIRECTORIES:
+        for library in sorted((root / directory).glob("*.so*")):
+            status = library.stat()
+            entries.append(f"{library}:{status.st_size}:{status.st_mtime_ns}")
+    if not entries:
+        return None
+    return hashlib.sha256("\n".join([sys.executable, *entries]).encode()).hexdigest()[:24]
+
+
+def _cache_directory() -> Path:
+    if configured := os.environ.get("XNNGUARD_CACHE_DIR"):
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base, "xnnguard")
+
+
+def _registry_from_child() -> frozenset[str] | None:
+    """Ask a child process (which imports the runtime there, not here)."""
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", _PRINT_REGISTRY],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+        return frozenset(json.loads(result.stdout))
+    except (OSError, subprocess.SubprocessError, ValueError) as error:
+        logger.warning("cannot read the ExecuTorch runtime's kernel registry (%s); kernel check skipped", error)
+        return None
+
+
+def _store(path: Path, names: frozenset[str]) -> None:
+    """Write the cache atomically; a cache that cannot be written only costs the next run its child."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as file:
+            json.dump(sorted(names), file)
+        os.replace(file.name, path)
+    except OSError as error:
+        logger.info("kernel registry not cached (%s)", error)
 
 
 @cache
 def registered_operators() -> frozenset[str] | None:
     """Names (``"aten::add.out"``) of every operator the installed runtime has a kernel for; None without a runtime."""
-    try:
-        from executorch.extension.pybindings import portable_lib
-    except ImportError as error:
-        logger.warning("no ExecuTorch runtime to ask for kernels (%s); kernel check skipped", error)
+    if _RUNTIME_MODULE in sys.modules:
+        return _live_registry()
+    fingerprint = runtime_fingerprint()
+    if fingerprint is None:
+        logger.warning("no ExecuTorch runtime to ask for kernels; kernel check skipped")
         return None
-    with suppress(ImportError):
-        import executorch.kernels.quantized  # noqa: F401  (registers the quantized_decomposed kernels)
-    return frozenset(portable_lib._get_operator_names())
+    path = _cache_directory() / f"kernels-{fingerprint}.json"
+    with suppress(OSError, ValueError):
+        names = frozenset(json.loads(path.read_text()))
+        logger.debug("kernel registry from %s", path)
+        return names
+    logger.info("reading the ExecuTorch runtime's kernel registry once (cached in %s)", path.parent)
+    found = _registry_from_child()
+    if found is not None:
+        _store(path, found)
+    return found
 
 
 def missing_kernel_problems(method: Method, registered: frozenset[str]) -> list[Problem]:

@@ -24,10 +24,14 @@ __all__ = [
     "DelegateCall",
     "KernelCall",
     "Method",
+    "NamedData",
+    "Program",
     "PteReadError",
     "PteSource",
+    "TensorMeta",
     "open_pte",
     "read_methods",
+    "read_program",
     "source_name",
 ]
 
@@ -40,7 +44,29 @@ _DATA_LOCATION_INLINE = 0
 
 
 class PteReadError(ValueError):
-    """The input is not a readable ExecuTorch program; the message names the input and what is wrong."""
+    """The input is not a readable ExecuTorch program; the message names the input and what is wrong.
+
+    ``detail`` is the same without the input's name, for whoever names the input already.
+    """
+
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__(f"{name}: {detail}")
+        self.name = name
+        self.detail = detail
+
+
+_DYNAMISM_STATIC = 0
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """A tensor EValue as the method declares it: sizes (upper bounds when dynamic), dim order, dtype."""
+
+    sizes: tuple[int, ...]
+    dim_order: tuple[int, ...]
+    dynamic: bool
+    scalar_type: int
+    constant: bool  # its data is in the program (data_buffer_idx > 0 without allocation), not computed
 
 
 @dataclass(frozen=True)
@@ -49,10 +75,12 @@ class DelegateCall:
 
     The split is found from the method's dataflow: an output is a memory-planned tensor that is not a
     method input and that no earlier instruction mentions (the call is where it is first written).
+    ``arg_tensors`` holds each argument's tensor metadata (None for a non-tensor).
     """
 
     args: tuple[int, ...]
     num_inputs: int
+    arg_tensors: tuple[TensorMeta | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +101,7 @@ class KernelCall:
     operator: str  # "aten::convolution.out"
     args: tuple[int, ...]
     arg_dims: tuple[tuple[int, ...] | None, ...]
+    arg_tensors: tuple[TensorMeta | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +114,23 @@ class Method:
     def kernel_operators(self) -> tuple[str, ...]:
         """``"aten::add.out"`` for each operator a kernel call uses, first use first."""
         return tuple(dict.fromkeys(call.operator for call in self.kernel_calls))
+
+
+@dataclass(frozen=True)
+class NamedData:
+    """A named blob of the program (ExecuTorch 1.5.1 names each XNNPACK constant by the sha256 of its bytes)."""
+
+    key: str
+    offset: int  # absolute offset in the file
+    size: int
+
+
+@dataclass(frozen=True)
+class Program:
+    """What the verifier reads of a program: its methods and its named data (where, never the bytes)."""
+
+    methods: list[Method]
+    named_data: dict[str, NamedData]
 
 
 def _program_schema() -> Schema:
@@ -110,7 +156,7 @@ def open_pte(source: PteSource) -> Iterator[Any]:
     try:
         if not stat.S_ISREG(os.stat(name).st_mode):  # a FIFO or a device would block or never end
             kind = "a directory" if os.path.isdir(name) else "not a regular file"
-            raise PteReadError(f"{name}: is {kind}, not a .pte file")
+            raise PteReadError(name, f"is {kind}, not a .pte file")
         with open(name, "rb") as file:
             size = os.fstat(file.fileno()).st_size
             if size == 0:
@@ -118,7 +164,7 @@ def open_pte(source: PteSource) -> Iterator[Any]:
                 return
             mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as error:
-        raise PteReadError(f"{name}: cannot open: {error.strerror or error}") from None
+        raise PteReadError(name, f"cannot open: {error.strerror or error}") from None
     try:
         yield mapped
     finally:
@@ -129,30 +175,31 @@ def _program_region(buffer: Any, name: str) -> tuple[Region, int]:
     """The Program flatbuffer's region and the segment base offset (0 without an extended header)."""
     size = len(buffer)
     if size == 0:
-        raise PteReadError(f"{name}: empty file")
+        raise PteReadError(name, "empty file")
     if size < 8 or bytes(buffer[4:8]) != _PROGRAM_IDENTIFIER:
         found = bytes(buffer[4:8]) if size >= 8 else b""
         raise PteReadError(
-            f"{name}: not an ExecuTorch program (no {_PROGRAM_IDENTIFIER.decode()} identifier at bytes 4..8"
-            f"{f', found {found!r}' if found else ''})"
+            name,
+            f"not an ExecuTorch program (no {_PROGRAM_IDENTIFIER.decode()} identifier at bytes 4..8"
+            f"{f', found {found!r}' if found else ''})",
         )
     program_size, segment_base = size, 0
     if size >= 8 + _EXTENDED_HEADER_MIN_LENGTH and bytes(buffer[8:12]) == _EXTENDED_HEADER_MAGIC:
         header_length, program_size, segment_base = struct.unpack_from("<IQQ", buffer, 12)
         if header_length < _EXTENDED_HEADER_MIN_LENGTH:
-            raise PteReadError(f"{name}: extended header length {header_length} is too small")
+            raise PteReadError(name, f"extended header length {header_length} is too small")
         if not 8 + header_length <= program_size <= size:
-            raise PteReadError(f"{name}: extended header says the program has {program_size} bytes, file has {size}")
+            raise PteReadError(name, f"extended header says the program has {program_size} bytes, file has {size}")
         if segment_base and not program_size <= segment_base <= size:
-            raise PteReadError(f"{name}: segment base offset {segment_base} lies outside the file ({size} bytes)")
-    return Region(buffer, 0, program_size, f"{name}: Program"), segment_base
+            raise PteReadError(name, f"segment base offset {segment_base} lies outside the file ({size} bytes)")
+    return Region(buffer, 0, program_size, "flatbuffer"), segment_base
 
 
 def _blob_region(program: TableView, reference: TableView | None, segment_base: int, name: str) -> Region:
     if reference is None:
         raise FlatbufferError("delegate has no processed data reference")
     index = reference.scalar("index")
-    what = f"{name}: delegate blob"
+    what = "flatbuffer"
     if reference.scalar("location") == _DATA_LOCATION_INLINE:
         inline = program.tables("backend_delegate_data")
         if index >= len(inline):
@@ -186,18 +233,32 @@ def _is_planned_tensor(values: list[TableView], index: int) -> bool:
     return kind == "Tensor" and tensor is not None and tensor.has("allocation_info")
 
 
-def _tensor_dims(values: list[TableView], index: int) -> tuple[int, ...] | None:
+def _tensor_meta(values: list[TableView], index: int, cache: dict[int, TensorMeta | None]) -> TensorMeta | None:
+    if index in cache:
+        return cache[index]
     if not 0 <= index < len(values):
         raise FlatbufferError(f"an instruction uses value {index}, the plan has {len(values)}")
     kind, tensor = values[index].union("val")
-    return tuple(tensor.scalars("sizes")) if kind == "Tensor" and tensor is not None else None
+    meta = None
+    if kind == "Tensor" and tensor is not None:
+        meta = TensorMeta(
+            sizes=tuple(tensor.scalars("sizes")),
+            dim_order=tuple(tensor.scalars("dim_order")),
+            dynamic=tensor.scalar("shape_dynamism") != _DYNAMISM_STATIC,
+            scalar_type=tensor.scalar("scalar_type"),
+            constant=tensor.scalar("data_buffer_idx") > 0 and not tensor.has("allocation_info"),
+        )
+    cache[index] = meta
+    return meta
 
 
-def _delegate_call(args: tuple[int, ...], values: list[TableView], known: set[int]) -> DelegateCall:
+def _delegate_call(
+    args: tuple[int, ...], values: list[TableView], known: set[int], cache: dict[int, TensorMeta | None]
+) -> DelegateCall:
     num_inputs = len(args)
     while num_inputs and args[num_inputs - 1] not in known and _is_planned_tensor(values, args[num_inputs - 1]):
         num_inputs -= 1
-    return DelegateCall(args, num_inputs)
+    return DelegateCall(args, num_inputs, tuple(_tensor_meta(values, index, cache) for index in args))
 
 
 def _check_segments(program: TableView, segment_base: int, size: int) -> None:
@@ -223,21 +284,23 @@ def _method(plan: TableView, program: TableView, segment_base: int, name: str) -
     known = set(plan.scalars("inputs"))  # values that exist before the instruction at hand
     calls: dict[int, list[DelegateCall]] = {}
     kernel_calls: list[KernelCall] = []
+    metas: dict[int, TensorMeta | None] = {}
     for chain in plan.tables("chains"):
         for instruction in chain.tables("instructions"):
             kind, args = instruction.union("instr_args")
             if args is None:
                 continue
             if kind == "DelegateCall":
-                call = _delegate_call(args.scalars("args"), values, known)
+                call = _delegate_call(args.scalars("args"), values, known, metas)
                 calls.setdefault(args.scalar("delegate_index"), []).append(call)
             elif kind == "KernelCall":
                 op_index = args.scalar("op_index")
                 if not 0 <= op_index < len(operators):
                     raise FlatbufferError(f"kernel call of operator {op_index}, the plan has {len(operators)}")
                 call_args = args.scalars("args")
-                dims = tuple(_tensor_dims(values, index) for index in call_args)
-                kernel_calls.append(KernelCall(operators[op_index], call_args, dims))
+                tensors = tuple(_tensor_meta(values, index, metas) for index in call_args)
+                dims = tuple(None if meta is None else meta.sizes for meta in tensors)
+                kernel_calls.append(KernelCall(operators[op_index], call_args, dims, tensors))
             known.update(_mentioned_values(kind, args))
     delegates = tuple(
         Delegate(
@@ -251,8 +314,26 @@ def _method(plan: TableView, program: TableView, segment_base: int, name: str) -
     return Method(plan.string("name"), delegates, tuple(kernel_calls))
 
 
-def read_methods(buffer: Any, name: str) -> list[Method]:
-    """Every method of the program in ``buffer``; raises ``PteReadError`` naming ``name`` and the damage."""
+def _named_data(program: TableView, segment_base: int) -> dict[str, NamedData]:
+    """Key -> where its bytes are in the file (segments are checked to lie in the file already)."""
+    segments = program.tables("segments")
+    found: dict[str, NamedData] = {}
+    for entry in program.tables("named_data"):
+        index = entry.scalar("segment_index")
+        if index >= len(segments):
+            raise FlatbufferError(
+                f"named data {entry.string('key')!r} is in segment {index}, there are {len(segments)}"
+            )
+        segment = segments[index]
+        found.setdefault(
+            entry.string("key"),
+            NamedData(entry.string("key"), segment_base + segment.scalar("offset"), segment.scalar("size")),
+        )
+    return found
+
+
+def read_program(buffer: Any, name: str) -> Program:
+    """The methods and named data of the program in ``buffer``; raises ``PteReadError`` naming ``name``."""
     region, segment_base = _program_region(buffer, name)
     try:
         program = root_table(region, "Program", _program_schema())
@@ -260,6 +341,12 @@ def read_methods(buffer: Any, name: str) -> list[Method]:
         plans = program.tables("execution_plan")
         if not plans:
             raise FlatbufferError("the program has no execution plan (method)")
-        return [_method(plan, program, segment_base, name) for plan in plans]
+        methods = [_method(plan, program, segment_base, name) for plan in plans]
+        return Program(methods, _named_data(program, segment_base))
     except FlatbufferError as error:
-        raise PteReadError(f"{name}: damaged program: {error}") from None
+        raise PteReadError(name, f"damaged program: {error}") from None
+
+
+def read_methods(buffer: Any, name: str) -> list[Method]:
+    """Every method of the program in ``buffer``; raises ``PteReadError`` naming ``name`` and the damage."""
+    return read_program(buffer, name).methods

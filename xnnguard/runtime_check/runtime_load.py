@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -20,12 +22,12 @@ from typing import Any
 
 from xnnguard.runtime_check.report import Problem
 
-__all__ = ["RuntimeOutcome", "StderrCapture", "captured_stderr", "load_and_run"]
+__all__ = ["RuntimeOutcome", "StderrCapture", "captured_stderr", "import_runtime", "load_and_run"]
 
 logger = logging.getLogger("xnnguard.runtime_check")
 
 _LOG_LIMIT = 64 * 1024  # keep the last 64 KiB of runtime log per file
-_stderr_lock = threading.Lock()
+_stderr_lock = threading.RLock()  # reentrant: importing the runtime captures inside a load that captures
 
 # ExecuTorch ScalarType code -> torch dtype name, for generating inputs of the declared dtype.
 _SCALAR_TYPES = {
@@ -87,9 +89,14 @@ def captured_stderr() -> Iterator[StderrCapture]:
             os.close(saved_fd)
 
 
+# The runtime's log lines that explain a failure: ExecuTorch words them "failed", "error", "not found"
+# ("kernel 'aten::max_pool3d_with_indices.out' not found", the 0x14 of a missing kernel), "missing", "invalid"...
+_EXPLAINS = re.compile(r"fail|error|not found|missing|invalid|unsupported|mismatch|cannot|expect", re.IGNORECASE)
+
+
 def _runtime_errors(log: str) -> str:
-    """The runtime's own explanation: the log lines that say something failed."""
-    lines = [line.strip() for line in log.splitlines() if "fail" in line.lower() or "error" in line.lower()]
+    """The runtime's own explanation: the log lines that say something failed (not cpuinfo's probing)."""
+    lines = [line.strip() for line in log.splitlines() if _EXPLAINS.search(line)]
     return "; ".join(line for line in lines if not line.startswith("[cpuinfo"))[-1000:]
 
 
@@ -116,11 +123,23 @@ def _inputs(meta: Any) -> list[Any] | None:
     return inputs
 
 
-def _load_program(source: Any) -> Any:
-    from executorch.extension.pybindings import portable_lib
+def import_runtime() -> Any:
+    """The runtime's pybindings with the quantized kernels registered, imported once per process.
 
-    with suppress(ImportError):  # q/dq left outside XNNPACK need these kernels; a shipped runtime links them too
-        import executorch.kernels.quantized  # noqa: F401
+    Importing them prints: torchao's optional CUDA extensions, ExecuTorch's experimental-API warning,
+    native lines. That goes to the captured stream, not to the user's terminal.
+    """
+    with captured_stderr(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from executorch.extension.pybindings import portable_lib
+
+        with suppress(ImportError):  # q/dq left outside XNNPACK need these kernels; a shipped runtime links them
+            import executorch.kernels.quantized  # noqa: F401
+    return portable_lib
+
+
+def _load_program(source: Any) -> Any:
+    portable_lib = import_runtime()
     if isinstance(source, (str, os.PathLike)):
         return portable_lib._load_program(os.fspath(source))
     return portable_lib._load_program_from_buffer(bytes(source))

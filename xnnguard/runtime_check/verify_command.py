@@ -1,59 +1,63 @@
 """``xnnguard verify PATH...``: check .pte files (or every .pte below a directory) for CI.
 
 Exit code 0 when every file passes, 1 when a file has problems, 2 when an input cannot be read (2 wins).
-Files are checked in worker processes when there are many or when the runtime is asked to load them
-(a crash of the native runtime then costs one worker, not the whole command). Imports of the checker
-(which pull in torch) wait until a check actually runs, so ``--help`` stays instant.
+Every input gets a ``Report``, an unreadable one included (one ``unreadable`` problem), so text and JSON
+have one shape. Files are checked in worker processes when there are many or when the runtime is asked
+to load them (a crash of the native runtime then costs one worker, not the whole command).
+
+Nothing heavy is imported for a static check: the checker reads flatbuffers and a cached kernel registry,
+so workers start in milliseconds. With ``--load``/``--run`` the runtime (and torch) is imported once, in
+this process, before the workers are forked, so they inherit it instead of importing it each.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import multiprocessing
 import os
 import shutil
 import sys
+import time
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from xnnguard.runtime_check.report import Report
 
-__all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_UNREADABLE", "register"]
+__all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_UNREADABLE", "check_file", "register"]
 
 logger = logging.getLogger("xnnguard.runtime_check")
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_UNREADABLE = 0, 1, 2
-_PARALLEL_FROM = 16  # a static check takes milliseconds: below this many files workers cost more than they save
+_PARALLEL_FROM = 16  # below this many files a static check runs in this process: workers would cost more
 
 _EXAMPLES = """\
 examples:
   xnnguard verify model.pte                 check every XNNPACK delegate statically
   xnnguard verify exported/ --load          every .pte below exported/, also loaded by the runtime
   xnnguard verify model.pte --run --json    also run each method once; machine-readable output
+  xnnguard verify dist/ --weights           also prove every weight blob against its sha256 name
   xnnguard verify dist/ --quiet             print only files with problems (exit code says the rest)
 
 exit codes: 0 all files pass, 1 problems found, 2 an input cannot be read
 """
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """One input's result: a report, or the reason it could not be read."""
-
-    path: str
-    report: Report | None = None
-    error: str | None = None
-
-    def to_dict(self) -> dict:
-        if self.report is not None:
-            return {**self.report.to_dict(), "error": None}
-        return {"source": self.path, "ok": False, "error": self.error}
+def _job_count(text: str) -> int:
+    """``--jobs``: a number of worker processes, 0 meaning automatic."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} processes: give 0 (automatic), 1 (no workers) or more")
+    return value
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -61,52 +65,69 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
         "verify",
         help="check .pte files: every XNNPACK delegate, statically, and optionally with the real runtime",
-        description="Check ExecuTorch .pte files for XNNPACK delegates that will fail on device: tensors above "
-        "6 dims, values or outputs nothing writes (orphaned implicit q/dq), broken external ids, operators "
-        "without a kernel or whose kernel cannot take their inputs (a 3-D convolution outside XNNPACK). "
-        "Reads only the program and the delegate graphs, never the weights.",
+        description="Check ExecuTorch .pte files for XNNPACK delegates that will fail on device: what XNNPACK "
+        "checks when it defines, creates and first runs each node (datatypes, quantization parameters, "
+        "parameters, shapes), tensors above 6 dims, values or outputs nothing writes (orphaned implicit "
+        "q/dq), broken external ids, operators without a kernel or whose kernel cannot take their inputs. "
+        "Also says, per method, what runs in XNNPACK and what runs outside it. Reads only the program and "
+        "the delegate graphs, never the weights (unless --weights).",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help=".pte files or directories (searched recursively)")
     parser.add_argument("--load", action="store_true", help="also load every method with the ExecuTorch runtime")
     parser.add_argument("--run", action="store_true", help="also run every method once on generated inputs")
+    parser.add_argument(
+        "--weights", action="store_true", help="also hash every XNNPACK constant and compare it with its name"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     parser.add_argument("--quiet", action="store_true", help="print only files with problems or errors")
-    parser.add_argument("--jobs", type=int, default=0, metavar="N", help="worker processes (default: automatic)")
+    parser.add_argument(
+        "--jobs",
+        type=_job_count,
+        default=0,
+        metavar="N",
+        help="worker processes: 1 checks in this process, 0 (default) decides from the work",
+    )
+    # also accepted after the subcommand; SUPPRESS keeps a -v given before it
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log what is checked")
     parser.set_defaults(handler=run)
 
 
-def _collect(paths: list[str]) -> tuple[list[str], list[Outcome]]:
-    """The .pte files to check, and an error for each path that names none."""
+def _collect(paths: list[str]) -> tuple[list[str], list[Report]]:
+    """The .pte files to check, and an ``unreadable`` report for each path that names none."""
+    from xnnguard.runtime_check.report import Report
+
     files: list[str] = []
-    errors: list[Outcome] = []
+    errors: list[Report] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
             found = sorted(str(p) for p in path.rglob("*.pte") if p.is_file())
             files += found
             if not found:
-                errors.append(Outcome(raw, error=f"{raw}: no .pte file in this directory"))
+                errors.append(Report.unreadable(raw, "no .pte file in this directory"))
         elif path.exists():
             files.append(raw)
         else:
-            errors.append(Outcome(raw, error=f"{raw}: no such file or directory"))
+            errors.append(Report.unreadable(raw, "no such file or directory"))
     return list(dict.fromkeys(files)), errors
 
 
-def check_file(path: str, load: bool, run: bool) -> Outcome:
-    """Verify one file; every failure becomes an ``Outcome`` (this runs in workers: nothing may escape)."""
+def check_file(path: str, load: bool, run: bool, weights: bool = False) -> Report:
+    """Verify one file; every failure becomes a ``Report`` (this runs in workers: nothing may escape)."""
     from xnnguard.runtime_check.pte_reader import PteReadError
+    from xnnguard.runtime_check.report import Problem, Report
     from xnnguard.runtime_check.verify import verify_pte
 
     try:
-        return Outcome(path, report=verify_pte(path, load=load, run=run))
+        return verify_pte(path, load=load, run=run, weights=weights)
     except PteReadError as error:
-        return Outcome(path, error=str(error))
+        return Report.unreadable(path, error.detail)
     except Exception as error:  # a bug in the checker: say so for this file, keep checking the others
         logger.debug("checking %s failed", path, exc_info=True)
-        return Outcome(path, error=f"{path}: internal error while checking ({type(error).__name__}: {error})")
+        message = f"internal error while checking ({type(error).__name__}: {error})"
+        return Report(source=path, problems=(Problem("internal", message),))
 
 
 class _Progress:
@@ -133,65 +154,135 @@ class _Progress:
             self.stream.flush()
 
 
+_ADAPTIVE = -1  # a static check in automatic mode: start here, move to workers if the work turns out long
+_ADAPTIVE_AFTER = 1.0  # seconds of checking in this process after which the rest goes to workers
+
+
 def _jobs(requested: int, files: int, runtime: bool) -> int:
-    if requested > 0:
+    """Worker processes to use; 0 means this process, ``_ADAPTIVE`` this process first."""
+    if requested == 1:
+        return 0
+    if requested > 1:
         return min(requested, files)
-    if runtime or files >= _PARALLEL_FROM:
+    if runtime:  # the runtime may crash: a worker of its own costs little against a load
         return max(1, min(os.cpu_count() or 1, files))
-    return 0  # in this process
+    if files >= _PARALLEL_FROM and (os.cpu_count() or 1) > 1:
+        return _ADAPTIVE
+    return 0
 
 
-def _check_all(files: list[str], load: bool, run: bool, jobs: int, progress: _Progress) -> list[Outcome]:
-    if jobs == 0:
-        outcomes = []
-        for path in files:
-            outcomes.append(check_file(path, load, run))
-            progress.advance(path)
-        return outcomes
-    by_path: dict[str, Outcome] = {}
-    # fork: workers inherit the imported checker instead of importing torch again
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures: dict[Future, str] = {pool.submit(check_file, path, load, run): path for path in files}
+def _died(path: str, options: tuple[bool, bool, bool]) -> Report:
+    """The report on a file whose worker died: its static checks, run here, and the crash. With the runtime
+    that is the runtime crashing on the file; without, a bug in the checker."""
+    from xnnguard.runtime_check.report import Problem
+
+    load, run, weights = options
+    report = check_file(path, False, False, weights) if load or run else None
+    if load or run:
+        problem = Problem("load", f"the runtime crashed {'running' if run else 'loading'} it (the worker process died)")
+    else:
+        problem = Problem("internal", "the checker process died (a bug in xnnguard)")
+    if report is None or not report.readable:
+        from xnnguard.runtime_check.report import Report
+
+        return Report(source=path, problems=(problem,))
+    return replace(report, problems=(*report.problems, problem))
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    # fork: workers inherit the imported checker (and, with --load, the runtime) instead of importing again
+    return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+
+
+def _share_the_cores(jobs: int) -> None:
+    """A worker's runtime threadpool gets its share of the cores: ``jobs`` workers each running XNNPACK on
+    every core would only take turns (the pool is created on first use, so the fork inherits none)."""
+    from xnnguard.runtime_check.runtime_load import captured_stderr, import_runtime
+
+    with captured_stderr():  # the runtime logs the reset
+        import_runtime()._unsafe_reset_threadpool(max(1, (os.cpu_count() or 1) // jobs))
+
+
+def _check_batch(paths: list[str], options: tuple[bool, bool, bool]) -> list[Report]:
+    return [check_file(path, *options) for path in paths]
+
+
+def _in_workers(
+    files: list[str], options: tuple[bool, bool, bool], jobs: int, progress: _Progress
+) -> dict[str, Report]:
+    """Check ``files`` in ``jobs`` workers. When a worker dies, every file it left unfinished is checked
+    again in a worker of its own, so only the file that crashes it is reported as crashed."""
+    done: dict[str, Report] = {}
+    broken: list[str] = []
+    runtime = options[0] or options[1]
+    initializer = functools.partial(_share_the_cores, jobs) if runtime and jobs > 1 else None
+    # a static check takes milliseconds: a task per file would cost more in messages than in checking
+    size = 1 if runtime else max(1, len(files) // (4 * jobs))
+    batches = [files[start : start + size] for start in range(0, len(files), size)]
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context(), initializer=initializer) as pool:
+        futures: dict[Future[list[Report]], list[str]] = {
+            pool.submit(_check_batch, batch, options): batch for batch in batches
+        }
         for future in as_completed(futures):
-            path = futures[future]
+            batch = futures[future]
             try:
-                by_path[path] = future.result()
+                done.update(zip(batch, future.result()))
             except BrokenProcessPool:
-                by_path[path] = Outcome(
-                    path, error=f"{path}: the checker process died (the runtime crashed loading a file)"
-                )
-            progress.advance(path)
-    return [by_path[path] for path in files]
+                broken += batch
+                continue
+            for path in batch:
+                progress.advance(path)
+    for path in broken:
+        with ProcessPoolExecutor(max_workers=1, mp_context=_pool_context()) as alone:
+            try:
+                done[path] = alone.submit(check_file, path, *options).result()
+            except BrokenProcessPool:
+                done[path] = _died(path, options)
+        progress.advance(path)
+    return done
 
 
-def _exit_code(outcomes: list[Outcome]) -> int:
-    if any(o.error is not None for o in outcomes):
+def _check_all(files: list[str], options: tuple[bool, bool, bool], jobs: int, progress: _Progress) -> list[Report]:
+    """Every file's report, in order. ``_ADAPTIVE``: files are checked here until that has taken a second;
+    the rest (if there are enough to share) goes to one worker per core. Small static checks take
+    milliseconds, less than starting workers; big delegates take long enough to pay for them."""
+    if jobs > 0:
+        by_path = _in_workers(files, options, jobs, progress)
+        return [by_path[path] for path in files]
+    reports: list[Report] = []
+    started = time.perf_counter()
+    for index, path in enumerate(files):
+        remaining = files[index:]
+        if jobs == _ADAPTIVE and time.perf_counter() - started > _ADAPTIVE_AFTER and len(remaining) >= 4:
+            workers = min(os.cpu_count() or 1, len(remaining))
+            logger.info("moving the last %d files to %d worker processes", len(remaining), workers)
+            by_path = _in_workers(remaining, options, workers, progress)
+            return reports + [by_path[path] for path in remaining]
+        reports.append(check_file(path, *options))
+        progress.advance(path)
+    return reports
+
+
+def _exit_code(reports: list[Report]) -> int:
+    if any(not report.readable for report in reports):
         return EXIT_UNREADABLE
-    if any(o.report is not None and not o.report.ok for o in outcomes):
+    if any(not report.ok for report in reports):
         return EXIT_PROBLEMS
     return EXIT_OK
 
 
-def _summary(outcomes: list[Outcome]) -> dict[str, int]:
-    ok = sum(1 for o in outcomes if o.report is not None and o.report.ok)
-    unreadable = sum(1 for o in outcomes if o.error is not None)
-    return {
-        "files": len(outcomes),
-        "ok": ok,
-        "with_problems": len(outcomes) - ok - unreadable,
-        "unreadable": unreadable,
-    }
+def _summary(reports: list[Report]) -> dict[str, int]:
+    ok = sum(1 for report in reports if report.ok)
+    unreadable = sum(1 for report in reports if not report.readable)
+    return {"files": len(reports), "ok": ok, "with_problems": len(reports) - ok - unreadable, "unreadable": unreadable}
 
 
-def _print_text(outcomes: list[Outcome], quiet: bool, out: TextIO) -> None:
-    for outcome in outcomes:
-        if outcome.error is not None:
-            print(f"ERROR {outcome.error}", file=out)
-        elif outcome.report is not None and (not outcome.report.ok or not quiet):
-            print(outcome.report, file=out)
+def _print_text(reports: list[Report], quiet: bool, out: TextIO) -> None:
+    for report in reports:
+        if not report.ok or not quiet:
+            print(report, file=out)
     if not quiet:
-        counts = _summary(outcomes)
+        counts = _summary(reports)
         noun = "file" if counts["files"] == 1 else "files"
         print(
             f"\n{counts['files']} {noun}: {counts['ok']} ok, {counts['with_problems']} with problems, "
@@ -200,40 +291,55 @@ def _print_text(outcomes: list[Outcome], quiet: bool, out: TextIO) -> None:
         )
 
 
-def _import_checker() -> None:
-    """Import the checker once, here: forked workers inherit it instead of importing torch each.
+def _prepare(runtime: bool) -> None:
+    """Import what the checks need once, here, so that forked workers inherit it.
 
-    torch sets its loggers' levels when imported, so the third-party import chatter (torchao's
-    optional kernels, pytree notices) is quieted right after it, before the rest is imported.
+    A static check needs the checker, its parsed schemas and the kernel registry (a cache file, no
+    runtime import): read here, each worker would read them again. With
+    ``--load``/``--run``, the runtime: torch sets its loggers' levels when imported, so the third-party
+    import chatter (torchao's optional kernels, pytree notices) is quieted right after it.
     """
-    import torch  # noqa: F401
+    from xnnguard.runtime_check.missing_kernels import registered_operators
+    from xnnguard.runtime_check.verify import warm_up
 
-    from xnnguard.cli import quiet_third_party_loggers
+    if runtime:
+        import torch  # noqa: F401
 
-    quiet_third_party_loggers()
-    import xnnguard.runtime_check.verify  # noqa: F401
+        from xnnguard.cli import quiet_third_party_loggers
+
+        quiet_third_party_loggers()
+        from xnnguard.runtime_check.runtime_load import import_runtime
+
+        import_runtime()
+    registered_operators()
+    warm_up()
 
 
 def run(args: argparse.Namespace) -> int:
     """The ``verify`` subcommand; returns the exit code."""
     files, errors = _collect(args.paths)
-    if files:
-        _import_checker()
     runtime = args.load or args.run
+    jobs = _jobs(args.jobs, len(files), runtime)
+    if files:
+        _prepare(runtime)
+        where = {0: "this process", _ADAPTIVE: "this process (workers take over if it takes long)"}.get(
+            jobs, f"{jobs} worker processes"
+        )
+        logger.info("checking %d file%s in %s", len(files), "s" * (len(files) != 1), where)
     progress = _Progress(len(files), sys.stderr, enabled=not args.quiet)
     try:
-        checked = _check_all(files, args.load, args.run, _jobs(args.jobs, len(files), runtime), progress)
+        checked = _check_all(files, (args.load, args.run, args.weights), jobs, progress)
     finally:
         progress.close()
-    outcomes = errors + checked
-    code = _exit_code(outcomes)
+    reports = errors + checked
+    code = _exit_code(reports)
     try:
         if args.json:
-            document = {"files": [o.to_dict() for o in outcomes], "summary": _summary(outcomes), "exit_code": code}
+            document = {"files": [r.to_dict() for r in reports], "summary": _summary(reports), "exit_code": code}
             json.dump(document, sys.stdout, indent=1)
             sys.stdout.write("\n")
         else:
-            _print_text(outcomes, args.quiet, sys.stdout)
+            _print_text(reports, args.quiet, sys.stdout)
         sys.stdout.flush()
     except BrokenPipeError:  # the reader went away (``| head``): the verdict still stands
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
