@@ -16,9 +16,11 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from torch.export import Dim
 
 import xnnguard
+from tests.compat_marks import needs_pre_decomposition_hook, without_pre_decomposition_hook
 from tests.rewrite_support import PRECISIONS, Precision, lower_and_run
 from tests.support import Lowered, lower, own_records, run_pte
 from xnnguard.report import Rule
+from xnnguard.rules.keep_out import keep_out_reason
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +83,29 @@ def test_a_max_over_height_or_width_is_rewritten_to_keep_its_dim_and_runs_on_xnn
     assert lowered.delegated_ops()["max"] == 1
     assert lowered.num_delegates == 1
     assert own_records(partitioner.kept_out) == []
+
+
+def _max_without_keepdim(graph: torch.fx.Graph) -> list[str]:
+    return [n.name for n in graph.nodes if "max" in str(n.target) and keep_out_reason(n) is not None]
+
+
+@without_pre_decomposition_hook
+def test_without_the_hook_the_first_ops_to_not_decompose_call_rewrites_the_aten_program() -> None:
+    program = torch.export.export(MaxOverDim(2).eval(), X4).run_decompositions({})  # what 1.4 hands it
+    assert _max_without_keepdim(program.graph) != []
+    xnnguard.XnnpackPartitioner().ops_to_not_decompose(program)
+    assert _max_without_keepdim(program.graph) == []
+    torch.testing.assert_close(program.module()(*X4), MaxOverDim(2)(*X4))
+
+
+@needs_pre_decomposition_hook
+def test_with_the_hook_ops_to_not_decompose_leaves_the_program_as_it_is() -> None:
+    program = torch.export.export(MaxOverDim(2).eval(), X4).run_decompositions({})
+    code = program.graph_module.code
+    xnnguard.XnnpackPartitioner().ops_to_not_decompose(program)
+    assert program.graph_module.code == code
+    rewritten = xnnguard.XnnpackPartitioner().transform_for_pre_decomposition(program)
+    assert _max_without_keepdim(rewritten.graph) == [] and program.graph_module.code == code
 
 
 def test_a_max_without_keepdim_stays_outside_xnnpack_and_runs_when_lowered_with_to_backend() -> None:

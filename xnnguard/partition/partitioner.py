@@ -9,7 +9,10 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
   dim in a form XNNPACK 1.5.1 refuses, PReLU on a non-4-D tensor, user tag), and does not keep such an op
   whole for XNNPACK (a linear on an 8-D input decomposes, its 2-D matmul stays);
 * in ``to_edge_transform_and_lower``, first rewrites what has an equivalent XNNPACK takes: a max over H
-  or W keeps its dim (``MaxKeepdimPass``), a PReLU of another rank is folded to 4-D (``PReLUTo4dPass``);
+  or W keeps its dim (``MaxKeepdimPass``), a PReLU of another rank is folded to 4-D (``PReLUTo4dPass``).
+  ExecuTorch 1.5 runs them through ``transform_for_pre_decomposition``; 1.4, which has no such hook
+  (``xnnguard.compat.has_pre_decomposition_hook``), through the first ``ops_to_not_decompose`` call,
+  which 1.4 makes at the same point: on its own copy of the ATen program, before any decomposition;
 * never lets a partition output a memory-format round trip of its own input (XNNPACK's copy removal
   would make the delegate output its input): such an output, and what in the partition reads it, runs
   outside;
@@ -39,6 +42,7 @@ from executorch.exir.backend.partitioner import PartitionResult
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import Partition
 
+from xnnguard import compat
 from xnnguard.graph.ops import target_name
 from xnnguard.partition import implicit_qdq
 from xnnguard.partition.configs import GUARDED_CONFIGS
@@ -94,8 +98,9 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
         """Rewrite, on the ATen program, the ops that have an equivalent XNNPACK lowers.
 
-        Called by ``to_edge_transform_and_lower`` (not by ``to_backend``: there the program is already
-        edge, and the rules keep the same ops out instead). The caller's program is left as it was.
+        Called by ``to_edge_transform_and_lower`` on ExecuTorch 1.5 (not by ``to_backend``: there the
+        program is already edge, and the rules keep the same ops out instead). The caller's program is
+        left as it was.
         """
         rewrites = _pre_decomposition_rewrites(exported_program.graph_module)
         self._decomposed = {}
@@ -108,7 +113,17 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
-        """Keep an op whole only when XNNPACK may take it: a linear on an 8-D input must decompose."""
+        """Keep an op whole only when XNNPACK may take it: a linear on an 8-D input must decompose.
+
+        On a release without ``transform_for_pre_decomposition`` (1.4), the pre-decomposition rewrites
+        run here, in place, on an ATen program: ``to_edge_transform_and_lower`` first calls this on the
+        copy it made with ``run_decompositions({})``, before any decomposition (where 1.5 calls the
+        hook). Later calls find nothing left to rewrite; edge programs (``to_backend``) are not touched.
+        """
+        if not compat.has_pre_decomposition_hook() and getattr(ep, "dialect", "EDGE") != "EDGE":
+            rewrites = _pre_decomposition_rewrites(ep.graph_module)
+            if rewrites:
+                run_passes(rewrites, ep.graph_module)
         ops, stock_filter = super().ops_to_not_decompose(ep)
 
         def keep_whole(node: torch.fx.Node) -> bool:
@@ -199,7 +214,7 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
     def _register_quantized_kernels_if_needed(gm: torch.fx.GraphModule) -> None:
         """q/dq left outside XNNPACK need ExecuTorch's quantized out-variants at ``to_executorch()``."""
         if any("delegation_tag" not in n.meta for n in implicit_qdq.quantization_nodes(gm.graph)):
-            import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed::*.out)
+            compat.load_quantized_kernels()  # on 1.4.0 the plain import is not enough: see there
 
 
 def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[MaxKeepdimPass | PReLUTo4dPass]:
