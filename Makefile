@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xnnguard-installed
 
-.PHONY: demo lint test bench clean
+.PHONY: demo lint test bench compat clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,5 +26,27 @@ test: $(STAMP) lint
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
+# `make compat`: the test suite on every supported ExecuTorch release, one venv each under .venv-compat/
+# (built once, then reused until pyproject.toml changes; torch 2.13.0 from this machine's wheel, as in
+# .venv). COMPAT_RELEASES=1.4.0 runs one; PYTEST_ARGS passes arguments to each pytest run. A test of a
+# behaviour a release lacks is skipped there with the reason (tests/compat_marks.py).
+COMPAT_RELEASES ?= 1.4.0 1.4.1 1.5.0 1.5.1
+COMPAT_DIR := .venv-compat
+
+$(COMPAT_DIR)/%/.xnnguard-installed: pyproject.toml
+	@test -x $(COMPAT_DIR)/$*/bin/python || $(PYTHON) -m venv $(COMPAT_DIR)/$*
+	$(COMPAT_DIR)/$*/bin/python -m pip install --quiet --upgrade pip
+	$(COMPAT_DIR)/$*/bin/python -m pip install --quiet torch==2.13.0
+	$(COMPAT_DIR)/$*/bin/python -m pip install --quiet -e '.[test]' executorch==$*
+	@touch $@
+
+compat: $(foreach release,$(COMPAT_RELEASES),$(COMPAT_DIR)/$(release)/.xnnguard-installed)
+	@failed=""; for release in $(COMPAT_RELEASES); do \
+	  echo "=== ExecuTorch $$release"; \
+	  $(COMPAT_DIR)/$$release/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) || failed="$$failed $$release"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make compat: failures on ExecuTorch$$failed"; exit 1; fi; \
+	echo "make compat: passed on ExecuTorch $(COMPAT_RELEASES)"
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(COMPAT_DIR) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

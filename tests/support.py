@@ -12,10 +12,12 @@ from executorch.exir import EdgeProgramManager, to_edge, to_edge_transform_and_l
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 
 from xnnguard.graph.ops import target_name
+from xnnguard.report import STOCK_RULES, KeptOut
 
 __all__ = [
     "Lowered",
     "lower",
+    "own_records",
     "quant_step",
     "quantize_pt2e",
     "run_pte",
@@ -94,6 +96,11 @@ def lower(
     delegated, outside, delegated_nodes = _placements(edge)
     buffer = edge.to_executorch().buffer
     return Lowered(edge, buffer, delegated, outside, delegated_nodes)
+
+
+def own_records(records: Sequence[KeptOut]) -> list[KeptOut]:
+    """The records of xnnguard's own rules: without those giving ExecuTorch's reason for the other nodes outside."""
+    return [record for record in records if record.rule not in STOCK_RULES]
 
 
 def run_pte(buffer: bytes, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:

@@ -3,7 +3,9 @@
 One small model per trap: stock ExecuTorch 1.5.1 fails to lower it; xnnguard lowers it, the .pte loads
 and runs with the real runtime, and the numbers are eager PyTorch's. Where an equivalent XNNPACK runs
 exists (a max that keeps its dim, a PReLU folded to 4-D) the op ends up delegated; where it does not,
-the rule keeps the op out and ``kept_out`` says why.
+the rule keeps the op out and ``kept_out`` says why. (The report also has a record for each node
+ExecuTorch's own configs leave outside, such as the conversion of a scalar constant; ``own_records``
+leaves those out, ``test_partitioner_report.py`` tests them.)
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from torch.export import Dim
 
 import xnnguard
+from tests.compat_marks import needs_pre_decomposition_hook, without_pre_decomposition_hook
 from tests.rewrite_support import PRECISIONS, Precision, lower_and_run
-from tests.support import Lowered, lower, run_pte
+from tests.support import Lowered, lower, own_records, run_pte
 from xnnguard.report import Rule
+from xnnguard.rules.keep_out import keep_out_reason
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +82,30 @@ def test_a_max_over_height_or_width_is_rewritten_to_keep_its_dim_and_runs_on_xnn
     lowered = _lower_and_compare(model, X4, partitioner)
     assert lowered.delegated_ops()["max"] == 1
     assert lowered.num_delegates == 1
-    assert partitioner.kept_out == []
+    assert own_records(partitioner.kept_out) == []
+
+
+def _max_without_keepdim(graph: torch.fx.Graph) -> list[str]:
+    return [n.name for n in graph.nodes if "max" in str(n.target) and keep_out_reason(n) is not None]
+
+
+@without_pre_decomposition_hook
+def test_without_the_hook_the_first_ops_to_not_decompose_call_rewrites_the_aten_program() -> None:
+    program = torch.export.export(MaxOverDim(2).eval(), X4).run_decompositions({})  # what 1.4 hands it
+    assert _max_without_keepdim(program.graph) != []
+    xnnguard.XnnpackPartitioner().ops_to_not_decompose(program)
+    assert _max_without_keepdim(program.graph) == []
+    torch.testing.assert_close(program.module()(*X4), MaxOverDim(2)(*X4))
+
+
+@needs_pre_decomposition_hook
+def test_with_the_hook_ops_to_not_decompose_leaves_the_program_as_it_is() -> None:
+    program = torch.export.export(MaxOverDim(2).eval(), X4).run_decompositions({})
+    code = program.graph_module.code
+    xnnguard.XnnpackPartitioner().ops_to_not_decompose(program)
+    assert program.graph_module.code == code
+    rewritten = xnnguard.XnnpackPartitioner().transform_for_pre_decomposition(program)
+    assert _max_without_keepdim(rewritten.graph) == [] and program.graph_module.code == code
 
 
 def test_a_max_without_keepdim_stays_outside_xnnpack_and_runs_when_lowered_with_to_backend() -> None:
@@ -88,7 +115,7 @@ def test_a_max_without_keepdim_stays_outside_xnnpack_and_runs_when_lowered_with_
     lowered = _lower_and_compare(model, X4, partitioner, via_to_backend=True)
     assert lowered.outside_ops()["max"] == 1
     assert lowered.delegated_ops()["mul"] == 1
-    assert [(r.rule, r.reason) for r in partitioner.kept_out] == [
+    assert [(r.rule, r.reason) for r in own_records(partitioner.kept_out)] == [
         (Rule.MAX_REDUCTION, "max without keepdim: XNNPACK 1.5.1 lowers max over a dim only with keepdim=True")
     ]
 
@@ -99,7 +126,7 @@ def test_a_max_over_the_channels_stays_outside_xnnpack_and_runs() -> None:
     partitioner = xnnguard.XnnpackPartitioner()
     lowered = _lower_and_compare(model, X4, partitioner)
     assert lowered.outside_ops()["max"] == 1
-    assert [r.rule for r in partitioner.kept_out] == [Rule.MAX_REDUCTION]
+    assert [r.rule for r in own_records(partitioner.kept_out)] == [Rule.MAX_REDUCTION]
 
 
 # --- PReLU: XNNPACK runs it on 4-D tensors only -------------------------------------------------------------
@@ -126,7 +153,7 @@ def test_a_prelu_on_another_rank_is_folded_to_4d_and_runs_on_xnnpack(num_paramet
     lowered = _lower_and_compare(model, inputs, partitioner)
     assert lowered.delegated_ops() == {"view_copy": 2, "prelu": 1}
     assert lowered.outside_ops() == {}
-    assert partitioner.kept_out == []
+    assert own_records(partitioner.kept_out) == []
 
 
 def test_a_5d_prelu_with_a_dynamic_batch_is_decomposed_and_runs() -> None:
@@ -140,8 +167,8 @@ def test_a_5d_prelu_with_a_dynamic_batch_is_decomposed_and_runs() -> None:
     lowered = _lower_and_compare(exported(), inputs, partitioner)
     assert "prelu" not in lowered.delegated_ops()
     assert lowered.delegated_ops()["mul"] == 1  # the decomposed PReLU's product still runs on XNNPACK
-    assert [r.rule for r in partitioner.kept_out] == [Rule.PRELU_RANK]
-    assert partitioner.kept_out[0].reason == (
+    assert [r.rule for r in own_records(partitioner.kept_out)] == [Rule.PRELU_RANK]
+    assert own_records(partitioner.kept_out)[0].reason == (
         "PReLU on a 5-D input: XNNPACK runs PReLU channels-last, on 4-D tensors only"
     )
 
@@ -171,7 +198,7 @@ def test_a_memory_format_round_trip_of_an_input_is_not_a_partition_output(via_to
     lowered = _lower_and_compare(model, X4, partitioner, via_to_backend=via_to_backend)
     assert lowered.delegated_ops()["_to_dim_order_copy"] == 1  # to channels-last
     assert lowered.outside_ops()["_to_dim_order_copy"] == 1  # and back
-    (record,) = partitioner.kept_out
+    (record,) = own_records(partitioner.kept_out)
     assert record.rule is Rule.PASSTHROUGH_OUTPUT
     assert record.reason.startswith("it only moves the partition input x")
 
@@ -182,7 +209,7 @@ def test_an_op_that_reads_a_round_trip_output_leaves_the_partition_with_it() -> 
     partitioner = xnnguard.XnnpackPartitioner()
     lowered = _lower_and_compare(model, X4, partitioner)
     assert lowered.outside_ops()["add"] == 1
-    assert [r.rule for r in partitioner.kept_out] == [Rule.PASSTHROUGH_OUTPUT, Rule.NEEDS_KEPT_OUT_NODE]
+    assert [r.rule for r in own_records(partitioner.kept_out)] == [Rule.PASSTHROUGH_OUTPUT, Rule.NEEDS_KEPT_OUT_NODE]
 
 
 def test_a_round_trip_that_only_feeds_an_op_of_its_partition_stays_delegated() -> None:
@@ -190,7 +217,7 @@ def test_a_round_trip_that_only_feeds_an_op_of_its_partition_stays_delegated() -
     partitioner = xnnguard.XnnpackPartitioner()
     lowered = _lower_and_compare(model, X4, partitioner)
     assert lowered.delegated_ops() == {"_to_dim_order_copy": 2, "add": 1}
-    assert partitioner.kept_out == []
+    assert own_records(partitioner.kept_out) == []
 
 
 # --- a partition must not output one value twice ---------------------------------------------------------------
@@ -220,7 +247,7 @@ def test_a_copy_of_another_partition_output_is_not_a_partition_output() -> None:
     partitioner = xnnguard.XnnpackPartitioner()
     lowered = _lower_and_compare(model, X5, partitioner)
     assert lowered.delegated_ops() == {"mul": 1, "permute_copy": 1, "add": 1}
-    (record,) = partitioner.kept_out
+    (record,) = own_records(partitioner.kept_out)
     assert record.rule is Rule.PASSTHROUGH_OUTPUT
     assert record.reason.startswith("it only copies aten_permute_copy_default, another output of the partition")
 
@@ -231,7 +258,7 @@ def test_two_copies_of_one_value_are_not_both_partition_outputs() -> None:
     partitioner = xnnguard.XnnpackPartitioner()
     lowered = _lower_and_compare(model, X5, partitioner)
     assert lowered.outside_ops()["_clone_dim_order"] == 2
-    assert [r.rule for r in partitioner.kept_out] == [Rule.PASSTHROUGH_OUTPUT] * 2
+    assert [r.rule for r in own_records(partitioner.kept_out)] == [Rule.PASSTHROUGH_OUTPUT] * 2
 
 
 class Conv3dResBlock(torch.nn.Module):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from executorch.exir import to_edge_transform_and_lower
 from torch.export import Dim
 from torch.fx.passes.infra.pass_base import PassBase
 
@@ -204,6 +205,11 @@ def test_a_node_xnnguard_tagged_reports_its_own_rule_not_user_tag() -> None:
     (pool,) = [node for node in ep.graph.nodes if "max_pool3d" in str(node.target)]
     record = keep_out_reason(pool)  # asked after the re-export, as the partitioner asks it
     assert record is not None and record.rule is Rule.NOT_REWRITTEN and "indices are used" in record.reason
+    # the partitioner reports it too, by the rewrite's rule, though no XNNPACK config exists for the op
+    partitioner = xnnguard.XnnpackPartitioner()
+    to_edge_transform_and_lower(ep, partitioner=[partitioner])
+    (reported,) = [r for r in partitioner.report if "max_pool3d" in r.op]
+    assert (reported.rule, reported.reason) == (Rule.NOT_REWRITTEN, record.reason)
 
 
 def test_a_node_the_user_tagged_reports_user_tag() -> None:

@@ -1,7 +1,8 @@
-"""xnnguard: safe XNNPACK lowering on released ExecuTorch (1.5.x).
+"""xnnguard: safe XNNPACK lowering on released ExecuTorch (1.4.0 to 1.5.x).
 
 The public API is small; names load lazily so that ``xnnguard verify`` starts without importing the
-whole export stack.
+whole export stack. Importing xnnguard with an ExecuTorch outside the supported releases raises
+``xnnguard.compat.UnsupportedExecuTorchError`` naming both (``xnnguard.compat``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from xnnguard.compat import require_supported_executorch
+
 __version__ = "0.1.0"
+
+require_supported_executorch()
 
 _PUBLIC = {
     "XnnpackPartitioner": "xnnguard.partition",

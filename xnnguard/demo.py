@@ -1,6 +1,6 @@
-"""``make demo``: built-in models lowered with stock ExecuTorch 1.5.1 and with xnnguard, loaded and run.
+"""``make demo``: built-in models lowered with the installed stock ExecuTorch and with xnnguard, loaded and run.
 
-The stock side is what a user of 1.5.1 writes: export, (``XNNPACKQuantizer`` + pt2e,) lower with
+The stock side is what a user of ExecuTorch writes: export, (``XNNPACKQuantizer`` + pt2e,) lower with
 ``XnnpackPartitioner``. The xnnguard side is the same with xnnguard's pieces: ``rewrite_for_xnnpack``
 first, ``xnnguard.XNNPACKQuantizer``, ``xnnguard.XnnpackPartitioner``.
 
@@ -181,8 +181,16 @@ def run_demo(out_dir: Path, cases: tuple[Case, ...] = CASES) -> list[tuple[str, 
     return rows
 
 
+def _release() -> str:
+    """The installed ExecuTorch release, as the table's header names the stock side."""
+    from xnnguard.compat import executorch_version
+
+    return (executorch_version() or "?").split("+")[0]
+
+
 def _table(rows: list[tuple[str, Outcome, Outcome]]) -> str:
-    header = ("model", "stock 1.5.1", "xnnguard", "xnnguard max err", "ops in/outside XNNPACK: stock", "xnnguard")
+    stock_column = f"stock {_release()}"
+    header = ("model", stock_column, "xnnguard", "xnnguard max err", "ops in/outside XNNPACK: stock", "xnnguard")
     body = [
         (name, stock.verdict, guarded.verdict,
          "-" if guarded.max_error is None else f"{guarded.max_error:.2e}",
@@ -205,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     cases = tuple(c for c in CASES if not args.case or any(c.name.startswith(name) for name in args.case))
     with _quiet_third_parties():
-        print(f"Lowering {len(cases)} example models with stock ExecuTorch 1.5.1 and with xnnguard ...", flush=True)
+        print(f"Lowering {len(cases)} example models with stock ExecuTorch {_release()} and with xnnguard ...",
+              flush=True)
         rows = run_demo(args.out, cases)
         print(_table(rows))
         print(f"\nVerifying the .pte files in {args.out}/ (what `xnnguard verify {args.out}` does):")

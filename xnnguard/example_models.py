@@ -16,6 +16,7 @@ __all__ = [
     "Patchify",
     "PermuteAdd",
     "Video3dCNN",
+    "VideoPatchEmbed",
 ]
 
 
@@ -132,3 +133,24 @@ class Video3dCNN(torch.nn.Module):
     @staticmethod
     def example_inputs() -> tuple[torch.Tensor, ...]:
         return (torch.randn(1, 3, 4, 32, 32),)
+
+
+class VideoPatchEmbed(torch.nn.Module):
+    """A Conv3d over a clip, then a video patchify through an 8-D view, then a linear per patch.
+
+    Stock ExecuTorch fails on both halves: the 8-D permute at load, the Conv3d when run.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv3d(3, 8, 3, padding=1)
+        self.proj = torch.nn.Linear(256, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))  # (1, 8, 4, 16, 16)
+        patches = y.reshape(1, 8, 2, 2, 4, 4, 4, 4).permute(0, 2, 4, 6, 3, 5, 7, 1)  # 8-D
+        return self.proj(patches.reshape(1, 32, 256))
+
+    @staticmethod
+    def example_inputs() -> tuple[torch.Tensor, ...]:
+        return (torch.randn(1, 3, 4, 16, 16),)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["KeptOut", "Rule", "summarize"]
+__all__ = ["STOCK_RULES", "KeptOut", "Rule", "summarize"]
 
 
 class Rule(str, Enum):
@@ -23,14 +23,21 @@ class Rule(str, Enum):
     NOT_REWRITTEN = "not_rewritten"  # an op XNNPACK has no kernel for that a rewrite could not replace
     QUANTIZED_PAD = "quantized_pad"  # xnnguard.rules.quantized_pad
     EXTRA_ROUNDING = "extra_rounding"  # a rewritten form that, quantized, rounds where the original does not
+    NO_XNNPACK_CONFIG = "no_xnnpack_config"  # xnnguard.partition.outside: ExecuTorch has no XNNPACK config for the op
+    XNNPACK_CONFIG = "xnnpack_config"  # xnnguard.partition.outside: ExecuTorch's XNNPACK config refused it
+
+
+# The records that give ExecuTorch's own reason, for nodes no rule of xnnguard's kept out.
+STOCK_RULES = frozenset({Rule.NO_XNNPACK_CONFIG, Rule.XNNPACK_CONFIG})
 
 
 @dataclass(frozen=True)
 class KeptOut:
-    """One node that runs outside XNNPACK because of a rule.
+    """One node that runs outside XNNPACK, and why.
 
     ``node`` is the FX node's name, ``op`` the operator (``aten.permute_copy.default``), ``rule`` which
-    rule fired and ``reason`` one sentence for a person ("output has 8 dims > 6").
+    rule fired (one of xnnguard's, or ExecuTorch's XNNPACK configs for a node no rule of xnnguard's kept
+    out) and ``reason`` one sentence for a person ("output has 8 dims > 6").
     """
 
     node: str

@@ -11,6 +11,8 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+from xnnguard.compat import SUPPORTED_EXECUTORCH
+
 __all__ = [
     "XNN_INVALID_VALUE_ID",
     "XNN_MAX_TENSOR_DIMS",
@@ -22,7 +24,7 @@ __all__ = [
 def _load() -> ModuleType:
     package = importlib.util.find_spec("executorch")
     if package is None or not package.submodule_search_locations:
-        raise ImportError("xnnguard needs ExecuTorch (executorch==1.5.1) installed")
+        raise ImportError(f"xnnguard needs ExecuTorch (executorch{SUPPORTED_EXECUTORCH}) installed")
     path = Path(package.submodule_search_locations[0], "backends", "xnnpack", "utils", "xnnpack_constants.py")
     spec = importlib.util.spec_from_file_location("xnnguard._executorch_xnnpack_constants", path)
     if spec is None or spec.loader is None:

@@ -1,14 +1,18 @@
 """``xnnguard.XnnpackPartitioner``: ExecuTorch's XNNPACK partitioner that never delegates what XNNPACK cannot run.
 
 A drop-in for ``executorch.backends.xnnpack.partition.xnnpack_partitioner.XnnpackPartitioner`` (same
-constructor, same use in ``to_edge_transform_and_lower`` and ``to_edge(...).to_backend(...)``). On top of
-the stock matching it
+constructor, same use in ``to_edge_transform_and_lower`` and ``to_edge(...).to_backend(...)``). The
+matching and the grouping into partitions are ExecuTorch's own code: each stock config is wrapped in a
+``GuardedConfig`` (``xnnguard.partition.guard``) that the stock loop asks. On top of the stock matching it
 
 * never delegates a node that ``keep_out_reason`` forbids (above 6 dims, 3-D convolution, a max over a
   dim in a form XNNPACK 1.5.1 refuses, PReLU on a non-4-D tensor, user tag), and does not keep such an op
   whole for XNNPACK (a linear on an 8-D input decomposes, its 2-D matmul stays);
 * in ``to_edge_transform_and_lower``, first rewrites what has an equivalent XNNPACK takes: a max over H
-  or W keeps its dim (``MaxKeepdimPass``), a PReLU of another rank is folded to 4-D (``PReLUTo4dPass``);
+  or W keeps its dim (``MaxKeepdimPass``), a PReLU of another rank is folded to 4-D (``PReLUTo4dPass``).
+  ExecuTorch 1.5 runs them through ``transform_for_pre_decomposition``; 1.4, which has no such hook
+  (``xnnguard.compat.has_pre_decomposition_hook``), through the first ``ops_to_not_decompose`` call,
+  which 1.4 makes at the same point: on its own copy of the ATen program, before any decomposition;
 * never lets a partition output a memory-format round trip of its own input (XNNPACK's copy removal
   would make the delegate output its input): such an output, and what in the partition reads it, runs
   outside;
@@ -17,14 +21,14 @@ the stock matching it
   fused activation above 6 dims) stay outside; a match that needs a forbidden op or q/dq is not taken;
 * marks q/dq implicit only once the partition of their op is taken (``xnnguard.partition.implicit_qdq``);
 * applies ``force_non_static_weights_for_f32_linear`` to float linears only;
-* records what it kept out and why in ``report``, and logs a one-line summary at INFO.
+* records in ``report`` every node it leaves outside XNNPACK, one record each: the rule that kept it out,
+  or ExecuTorch's own reason (``xnnguard.partition.outside``); logs a one-line summary at INFO.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,25 +37,23 @@ from executorch.backends.xnnpack.partition.config.xnnpack_config import XNNParti
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
     XnnpackPartitioner as _StockXnnpackPartitioner,
 )
-from executorch.exir.backend.canonical_partitioners.config_partitioner import (
-    DSJ,
-    format_target_name,
-    is_constant_data,
-)
+from executorch.exir.backend.canonical_partitioners.config_partitioner import is_constant_data
 from executorch.exir.backend.partitioner import PartitionResult
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import Partition
 
+from xnnguard import compat
 from xnnguard.graph.ops import target_name
 from xnnguard.partition import implicit_qdq
 from xnnguard.partition.configs import GUARDED_CONFIGS
+from xnnguard.partition.guard import GuardedConfig, Ledger
+from xnnguard.partition.outside import is_operator_call, outside_record
+from xnnguard.partition.why import stock_reasons
 from xnnguard.report import KeptOut, Rule, summarize
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
 from xnnguard.rewrite.runner import run_passes
 from xnnguard.rules.keep_out import keep_out_reason
-from xnnguard.rules.quantization_match import quantization_mismatch
-from xnnguard.rules.quantized_pad import unquantized_pad_violation
 from xnnguard.tagging import TagConv3dPass, TagHighRankPass
 
 __all__ = ["XnnpackPartitioner"]
@@ -59,29 +61,12 @@ __all__ = ["XnnpackPartitioner"]
 logger = logging.getLogger("xnnguard")
 
 
-@dataclass
-class _Match:
-    anchor: torch.fx.Node
-    nodes: list[torch.fx.Node]
-    implicit: set[torch.fx.Node]
-
-
-@dataclass
-class _Ledger:
-    """What one ``partition`` call learned: matches with their implicit q/dq, and what was kept out."""
-
-    matches: list[_Match] = field(default_factory=list)
-    kept_out: dict[str, KeptOut] = field(default_factory=dict)
-
-    def keep_out(self, record: KeptOut) -> None:
-        self.kept_out.setdefault(record.node, record)
-
-
 class XnnpackPartitioner(_StockXnnpackPartitioner):
-    """ExecuTorch's ``XnnpackPartitioner`` that only delegates what XNNPACK 1.5.x can load and run.
+    """ExecuTorch's ``XnnpackPartitioner`` that only delegates what XNNPACK can load and run.
 
     After ``partition`` (called for you by ``to_edge_transform_and_lower`` or ``to_backend``),
-    ``report`` lists every node a rule kept out of XNNPACK, with the reason (``kept_out`` is the same list).
+    ``report`` has one record for every node left outside XNNPACK, with the reason (``kept_out`` is
+    the same list).
     """
 
     def __init__(
@@ -92,10 +77,14 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         verbose: bool = False,
         **kwargs: Any,
     ) -> None:
-        guarded = [GUARDED_CONFIGS.get(config, config) for config in (configs or ALL_PARTITIONER_CONFIGS)]
-        super().__init__(guarded, config_precisions, per_op_mode, verbose, **kwargs)
+        own = [GUARDED_CONFIGS.get(config, config) for config in (configs or ALL_PARTITIONER_CONFIGS)]
+        super().__init__(own, config_precisions, per_op_mode, verbose, **kwargs)
+        stock: dict[str, Any] = self.target_partitioner_configs  # the stock loop reads this dict: guard each config
+        self.target_partitioner_configs: dict[str, GuardedConfig] = {
+            name: GuardedConfig(config, self._current_ledger) for name, config in stock.items()
+        }
         self.report: list[KeptOut] = []
-        self._ledger = _Ledger()
+        self._ledger = Ledger()
         self._decomposed: dict[str, KeptOut] = {}  # ops a rule made decompose, found before ``partition``
 
     @property
@@ -103,14 +92,17 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         """``report``, under its xnnguard 0.1 name."""
         return self.report
 
-    def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
-        """Rewrite, on the ATen program, the ops that have an equivalent XNNPACK 1.5.1 lowers.
+    def _current_ledger(self) -> Ledger:
+        return self._ledger
 
-        Called by ``to_edge_transform_and_lower`` (not by ``to_backend``: there the program is already
-        edge, and the rules keep the same ops out instead). The caller's program is left as it was.
+    def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
+        """Rewrite, on the ATen program, the ops that have an equivalent XNNPACK lowers.
+
+        Called by ``to_edge_transform_and_lower`` on ExecuTorch 1.5 (not by ``to_backend``: there the
+        program is already edge, and the rules keep the same ops out instead). The caller's program is
+        left as it was.
         """
-        rewrites = [rewrite for rewrite in (MaxKeepdimPass(), PReLUTo4dPass())
-                    if rewrite.applies_to(exported_program.graph_module)]
+        rewrites = _pre_decomposition_rewrites(exported_program.graph_module)
         self._decomposed = {}
         if not rewrites:
             return exported_program
@@ -121,7 +113,17 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
-        """Keep an op whole only when XNNPACK may take it: a linear on an 8-D input must decompose."""
+        """Keep an op whole only when XNNPACK may take it: a linear on an 8-D input must decompose.
+
+        On a release without ``transform_for_pre_decomposition`` (1.4), the pre-decomposition rewrites
+        run here, in place, on an ATen program: ``to_edge_transform_and_lower`` first calls this on the
+        copy it made with ``run_decompositions({})``, before any decomposition (where 1.5 calls the
+        hook). Later calls find nothing left to rewrite; edge programs (``to_backend``) are not touched.
+        """
+        if not compat.has_pre_decomposition_hook() and getattr(ep, "dialect", "EDGE") != "EDGE":
+            rewrites = _pre_decomposition_rewrites(ep.graph_module)
+            if rewrites:
+                run_passes(rewrites, ep.graph_module)
         ops, stock_filter = super().ops_to_not_decompose(ep)
 
         def keep_whole(node: torch.fx.Node) -> bool:
@@ -138,95 +140,42 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         gm = exported_program.graph_module
         for tag_pass in (TagHighRankPass(), TagConv3dPass()):
             tag_pass(gm)
-        self._ledger = _Ledger()
+        self._ledger = Ledger()
         result = super().partition(exported_program)
         delegated = {n.name for n in gm.graph.nodes if "delegation_tag" in n.meta}
-        found = [*self._decomposed.values(), *self._ledger.kept_out.values()]
-        self.report = [record for record in found if record.node not in delegated]  # a later match took it
-        self._ledger, self._decomposed = _Ledger(), {}
+        self.report = self._outside_records(gm, delegated)
+        self._ledger, self._decomposed = Ledger(), {}
         self._register_quantized_kernels_if_needed(gm)
         logger.info("xnnguard: %s; %d nodes delegated in %d partitions", summarize(self.report), len(delegated),
                     len(result.partition_tags))
         return result
 
+    def _outside_records(self, gm: torch.fx.GraphModule, delegated: set[str]) -> list[KeptOut]:
+        """One record per operator call left outside XNNPACK: the rule's first, then ExecuTorch's reason."""
+        found: dict[str, KeptOut] = {}
+        for record in (*self._decomposed.values(), *self._ledger.kept_out.values()):
+            if record.node not in delegated:  # a later match may have taken it
+                found.setdefault(record.node, record)
+        for node in gm.graph.nodes:
+            if is_operator_call(node) and node.name not in delegated and node.name not in found:
+                found[node.name] = outside_record(
+                    node, self.target_partitioner_configs, self._ledger.refused, self._ledger.reasons
+                )
+        return list(found.values())
+
     def get_matched_nodes_from_configs(self, ep: ExportedProgram) -> list[list[torch.fx.Node]]:
-        """The stock matching loop, with every rule checked and implicit marks held back."""
-        qdq_nodes = implicit_qdq.quantization_nodes(ep.graph_module.graph)
-        implicit_qdq.take_marks(qdq_nodes)  # marks left by earlier checks belong to no partition
-        dsj = DSJ()
-        for node in ep.graph_module.graph.nodes:
-            if node.op != "call_function":
-                continue
-            config = self.target_partitioner_configs.get(format_target_name(node.target.__name__))
-            if config is None:
-                continue
-            record = keep_out_reason(node)
-            if record is not None:
-                self._ledger.keep_out(record)
-                continue
-            accepted = config.check_constraints(node, ep)
-            implicit_qdq.take_marks(qdq_nodes)  # a check is not a partition
-            if not accepted:
-                continue
-            candidate = config.get_partition(node, ep)
-            implicit = implicit_qdq.take_marks(qdq_nodes)
-            nodes = self._admissible(node, candidate)
-            if nodes is None:
-                continue
-            checked = self._int8_checked(node, nodes, implicit & set(nodes))
-            if checked is None:
-                continue
-            nodes, implicit = checked
-            self._ledger.matches.append(_Match(node, nodes, implicit))
-            members = [n for n in nodes if not (is_constant_data(ep, n) and dsj.contains(n))]
-            if members:
-                dsj.find(members[0])
-                for member in members[1:]:
-                    dsj.union(members[0], member)
-        return dsj.gen_groups()
-
-    def _int8_checked(
-        self, anchor: torch.fx.Node, nodes: list[torch.fx.Node], implicit: set[torch.fx.Node]
-    ) -> tuple[list[torch.fx.Node], set[torch.fx.Node]] | None:
-        """A match as XNNPACK will take it int8, or None when it cannot be taken at all.
-
-        A pad that ExecuTorch makes int8 needs its dequantize implicit in the same match
-        (``xnnguard.rules.quantized_pad``): otherwise the match is dropped. An op XNNPACK runs int8 only
-        within one quantization whose q/dq differ (``xnnguard.rules.quantization_match``) is taken as the
-        float op it also is: its q/dq leave the match and stay conversions of their own.
-        """
-        for member in nodes:
-            violation = unquantized_pad_violation(member, implicit)
-            if violation is not None:
-                self._ledger.keep_out(KeptOut(member.name, target_name(member), Rule.QUANTIZED_PAD, violation))
-                return None
-        mismatch = quantization_mismatch(anchor, implicit)
-        if mismatch is None:
-            return nodes, implicit
-        logger.debug("xnnguard: %s taken as a float op: %s", anchor.name, mismatch)
-        own = {n for n in implicit if n in anchor.all_input_nodes or anchor in n.all_input_nodes}
-        return [n for n in nodes if n not in own], implicit - own
-
-    def _admissible(self, anchor: torch.fx.Node, candidate: list[torch.fx.Node]) -> list[torch.fx.Node] | None:
-        """The nodes of a config's match that may go to XNNPACK, or None when the match cannot be taken.
-
-        Optional members (source-partition views, a fused activation) that a rule forbids are left
-        outside; a forbidden q/dq or choose_qparams would change what the op computes, so the whole
-        match is dropped instead.
-        """
-        admissible = []
-        for node in candidate:
-            record = keep_out_reason(node)
-            if record is None:
-                admissible.append(node)
-            elif node is anchor or implicit_qdq.is_quantization_node(node):
-                self._ledger.keep_out(record)
-                reason = f"its partition needs {node.name}, whose {record.reason}"
-                self._ledger.keep_out(KeptOut(anchor.name, target_name(anchor), Rule.NEEDS_KEPT_OUT_NODE, reason))
-                return None
-            else:
-                self._ledger.keep_out(record)
-        return admissible
+        """ExecuTorch's matching loop, asking the guarded configs; the stock configs' reasons are kept."""
+        ledger = self._ledger
+        ledger.qdq_nodes = implicit_qdq.quantization_nodes(ep.graph_module.graph)
+        ledger.take_marks()  # marks left by earlier checks belong to no partition
+        stock = [config.config for config in self.target_partitioner_configs.values()]
+        try:
+            with stock_reasons(stock) as reasons:
+                groups: list[list[torch.fx.Node]] = super().get_matched_nodes_from_configs(ep)
+            ledger.reasons.update(reasons)
+        finally:
+            ledger.qdq_nodes = None
+        return groups
 
     def generate_partitions(self, ep: ExportedProgram) -> list[Partition]:
         """The stock grouping of the admitted matches, checked as partitions; then implicit q/dq are marked."""
@@ -265,7 +214,12 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
     def _register_quantized_kernels_if_needed(gm: torch.fx.GraphModule) -> None:
         """q/dq left outside XNNPACK need ExecuTorch's quantized out-variants at ``to_executorch()``."""
         if any("delegation_tag" not in n.meta for n in implicit_qdq.quantization_nodes(gm.graph)):
-            import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed::*.out)
+            compat.load_quantized_kernels()  # on 1.4.0 the plain import is not enough: see there
+
+
+def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[MaxKeepdimPass | PReLUTo4dPass]:
+    """The rewrites that have work on ``graph_module``: a max over H or W, a PReLU of another rank."""
+    return [rewrite for rewrite in (MaxKeepdimPass(), PReLUTo4dPass()) if rewrite.applies_to(graph_module)]
 
 
 def _first_forbidden(partition: Partition) -> tuple[torch.fx.Node, KeptOut] | None:
