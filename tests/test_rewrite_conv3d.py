@@ -240,13 +240,47 @@ def test_a_patch_embedding_with_a_dynamic_number_of_patches_runs_as_one_delegate
         torch.testing.assert_close(run_pte(program.buffer, (x,))[0], expected, atol=tolerance, rtol=0)
 
 
-def test_a_conv_with_a_dynamic_batch_that_is_not_one_patch_is_left_and_reported() -> None:
-    conv = torch.nn.Conv3d(3, 4, 3).eval()
-    ep = torch.export.export(conv, (torch.randn(2, 3, 4, 6, 6),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+class VideoBlocks(torch.nn.Module):
+    """Every 3-D form at once: a padded Conv3d, a max pooling, a depth-tiles Conv3d, an overlapping
+    ConvTranspose3d and an average pooling with ceil_mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv3d(3, 8, 3, padding=1)
+        self.pool = torch.nn.MaxPool3d((1, 2, 2))
+        self.tiles = torch.nn.Conv3d(8, 8, (2, 3, 3), stride=(2, 1, 1), padding=(0, 1, 1))
+        self.up = torch.nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, output_padding=1)
+        self.average = torch.nn.AvgPool3d(2, ceil_mode=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.tiles(self.pool(torch.relu(self.conv(x))))
+        return self.average(self.up(torch.relu(y)))
+
+
+def test_a_video_model_exported_with_a_dynamic_batch_is_rewritten_and_runs_at_another_batch() -> None:
+    model, x = VideoBlocks().eval(), torch.randn(2, 3, 4, 8, 8)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch", max=16)},))
     rewriter = XnnpackRewriter(strict=True)
-    rewriter(ep)
+    rewritten = rewriter(ep)
+    assert rewriter.report == [] and {"conv3d", "max_pool3d", "conv_transpose3d", "avg_pool3d"}.isdisjoint(
+        ops(rewritten)
+    )
+    program = to_edge_transform_and_lower(rewritten, partitioner=[xnnguard.XnnpackPartitioner()]).to_executorch()
+    for batch in (1, 3):  # ExecuTorch plans this model's memory for at most 3 (the original program too)
+        other = torch.randn(batch, 3, 4, 8, 8)
+        torch.testing.assert_close(run_pte(program.buffer, (other,))[0], model(other), atol=1e-5, rtol=1e-5)
+
+
+def test_a_conv_with_a_dynamic_depth_is_left_reported_and_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    conv = torch.nn.Conv3d(3, 4, 3, padding=1).eval()
+    depth = torch.export.Dim("depth", min=2, max=64)
+    ep = torch.export.export(conv, (torch.randn(1, 3, 4, 6, 6),), dynamic_shapes=({2: depth},))
+    rewriter = XnnpackRewriter(strict=True)
+    with caplog.at_level("WARNING", logger="xnnguard"):
+        rewriter(ep)
     (record,) = rewriter.report
-    assert record.rule is Rule.CONV3D and "dynamic batch: only a one-patch" in record.reason
+    assert record.rule is Rule.CONV3D and "static depth, height and width" in record.reason
+    assert any("fails when it runs" in message for message in caplog.messages)
 
 
 def test_pass_leaves_a_graph_without_3d_convs_unchanged() -> None:
@@ -338,3 +372,13 @@ def test_a_conv3d_whose_weight_is_a_graph_input_is_left_and_reported() -> None:
     (record,) = result.report
     assert record.rule is Rule.CONV3D
     assert record.reason == "3-D convolution not rewritten: its weight is not computed from parameters alone"
+
+
+def test_the_conv_input_is_never_cut_along_a_dynamic_batch() -> None:
+    """The halves that make a conv input a ``cat`` are cut along a static dim: a slice with a dynamic size
+    is one 1.5.1 does not delegate, and comparing sizes would make the trace guard on the batch."""
+    conv = torch.nn.Conv3d(2, 4, (1, 3, 3), padding=(0, 1, 1)).eval()
+    ep = torch.export.export(conv, (torch.randn(16, 2, 1, 3, 3),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    rewritten = rewrite_for_xnnpack(ep, strict=True)
+    slices = [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    assert slices and all(n.args[1] != 0 for n in slices)

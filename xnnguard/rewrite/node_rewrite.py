@@ -5,7 +5,8 @@ one sentence saying why it was left as it was). The base class does the rest the
 
 * a rewrite that raises midway has the nodes it inserted erased (rewrites insert first and redirect
   the node's users last, so those nodes are unused) and counts as "left as it was", never a traceback;
-* a node left as it was is reported under the subclass's ``rule`` (unless the rewrite is optional,
+* a node left as it was is reported under the subclass's ``rule`` (at WARNING when 1.5.1 cannot run
+  what is left, ``left_op_fails``) (unless the rewrite is optional,
   ``rule = None``), tagged ``DO_NOT_DELEGATE`` (unless a later pass decides about it,
   ``tags_what_it_leaves = False``), and marked as left by this pass in its meta;
 * every node a rewrite inserts is stamped with the node it replaces (``xnnguard.rewrite.provenance``):
@@ -45,6 +46,8 @@ class NodeRewritePass(PassBase):
     subject: ClassVar[str] = "node"  # what a report names: "3-D convolution not rewritten: <reason>"
     tags_what_it_leaves: ClassVar[bool] = True  # False when a later pass decides about what is left
     pieces_stay_float: ClassVar[bool] = False  # the op it replaces is one the XNNPACK quantizer leaves float
+    # Set when ExecuTorch 1.5.1 cannot run the op it leaves: said at WARNING, not INFO, with what fails.
+    left_op_fails: ClassVar[str | None] = None
 
     def picks(self, node: torch.fx.Node) -> bool:
         raise NotImplementedError
@@ -93,7 +96,10 @@ class NodeRewritePass(PassBase):
                 if self.tags_what_it_leaves:
                     tag(node, record.reason, record.rule)
                 report.append(record)
-                logger.info("%s", record)
+                if self.left_op_fails is not None:
+                    logger.warning("xnnguard: %s; %s", record, self.left_op_fails)
+                else:
+                    logger.info("%s", record)
         if rewritten:
             graph_module.graph.eliminate_dead_code()
             drop_unused_attributes(graph_module)

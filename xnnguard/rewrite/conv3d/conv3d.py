@@ -7,8 +7,7 @@ convolution has none either, so without this a video model cannot run at all.
 
 Three forms, cheapest first:
 
-* **one patch** (the input is exactly one kernel window, e.g. Qwen2-VL's patch embedding): a linear,
-  also with a dynamic batch (the patch count of an image), the only form that keeps one;
+* **one patch** (the input is exactly one kernel window, e.g. Qwen2-VL's patch embedding): a linear;
 * **depth tiles** (depth stride == kernel depth, no depth padding, no dilation; also kernel depth 1 with
   stride 1): one 6-D permute folds each window's frames into channels, then one conv2d;
 * **general**: the depth padding becomes zero frames (a constant pad, exact also in int8), so that every
@@ -17,6 +16,8 @@ Three forms, cheapest first:
   One conv2d with the whole weight is what keeps quantization as the original op has it: one weight
   quantization and one output rounding (frames at the borders taken apart with fewer taps would each
   get a weight of their own, quantized to other scales).
+
+Every form keeps a dynamic batch (its reshapes say -1 for it); the depth, height and width must be static.
 
 Padding modes other than zeros never reach this pass: export spells them as a pad op in front of a conv
 without padding. Each conv2d's input is produced by a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``) so
@@ -61,7 +62,7 @@ class Conv3dGeometry:
     dilation: tuple[int, int, int]
     groups: int
     has_bias: bool = False
-    dynamic_batch: bool = False  # input_shape[0] then stands in for a symbolic batch (the forms ignore it)
+    dynamic_batch: bool = False  # input_shape[0] then stands in for a symbolic batch (every form keeps it)
 
     @property
     def output_shape(self) -> tuple[int, int, int, int, int]:
@@ -185,7 +186,7 @@ def conv3d_as_conv2d(
     function the rewrite traces into the graph, so its eager result is exactly what the rewritten program
     computes. ``activation`` runs right after each conv2d or linear, where quantization fuses it.
     """
-    n, c, d, h, w = geometry.input_shape
+    _, c, d, h, w = geometry.input_shape  # the batch stays as the graph has it: -1 in every reshape
     out_c, _, kd, kh, kw = geometry.weight_shape
     _, _, do, ho, wo = geometry.output_shape
     sd, sh, sw = geometry.stride
@@ -206,28 +207,28 @@ def conv3d_as_conv2d(
         return y.reshape(-1, out_c, 1, 1, 1)
     if form == "depth tiles":
         tiles = x if do * kd == d else x[:, :, : do * kd]
-        folded = tiles.reshape(n, c, do, kd, h, w).permute(0, 2, 1, 3, 4, 5).reshape(n * do, c * kd, h, w)
+        folded = tiles.reshape(-1, c, do, kd, h, w).permute(0, 2, 1, 3, 4, 5).reshape(-1, c * kd, h, w)
         folded = as_cat(folded)
         folded, padding = _pad_hw(folded, geometry)
         y = act(F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups))
-        return y.reshape(n, do, out_c, ho, wo).permute(0, 2, 1, 3, 4)
-    frames = x.permute(0, 2, 1, 3, 4).reshape(n, d, c * h * w)
+        return y.reshape(-1, do, out_c, ho, wo).permute(0, 2, 1, 3, 4)
+    frames = x.permute(0, 2, 1, 3, 4).reshape(-1, d, c * h * w)
     front, back = geometry.padding[0]
     if front or back:  # zero frames: every output frame then reads every tap
         frames = F.pad(frames, (0, 0, front, back))
     tap_frames = [select_every(frames, j * dd, sd, do) for j in range(kd)]
     if depth_taps == "fold":
-        folded, padding = _pad_hw(fold_frames(tap_frames, n * do, groups, h, w), geometry)
+        folded, padding = _pad_hw(fold_frames(tap_frames, c, groups, h, w), geometry)
         y = act(F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups))
     else:
         summed: torch.Tensor | None = None
         for tap in tap_frames:
-            one, padding = _pad_hw(as_cat(tap.reshape(n * do, c, h, w)), geometry)
+            one, padding = _pad_hw(as_cat(tap.reshape(-1, c, h, w)), geometry)
             part = F.conv2d(one, next(read), bias() if summed is None else None, (sh, sw), padding, (dh, dw), groups)
             summed = part if summed is None else summed + part
         assert summed is not None
         y = act(summed)
-    return y.reshape(n, do, out_c, ho, wo).permute(0, 2, 1, 3, 4)
+    return y.reshape(-1, do, out_c, ho, wo).permute(0, 2, 1, 3, 4)
 
 
 class RewriteConv3dPass(SplicedConvPass[Conv3dGeometry]):
@@ -253,13 +254,7 @@ class RewriteConv3dPass(SplicedConvPass[Conv3dGeometry]):
         )
 
     def geometry(self, node: torch.fx.Node) -> Conv3dGeometry | str:
-        geometry = conv3d_geometry(node)
-        if isinstance(geometry, Conv3dGeometry) and geometry.dynamic_batch and geometry.form != "one patch":
-            return (
-                "dynamic batch: only a one-patch 3-D convolution (a linear, e.g. a patch embedding) is "
-                "rewritten with a dynamic batch; the other forms fold the batch into the frames"
-            )
-        return geometry
+        return conv3d_geometry(node)
 
     def constants(
         self, operands: ConvOperands, geometry: Conv3dGeometry, activation: Activation | None

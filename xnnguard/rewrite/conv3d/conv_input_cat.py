@@ -17,14 +17,22 @@ __all__ = ["as_cat"]
 
 
 def as_cat(x: torch.Tensor) -> torch.Tensor:
-    """``x`` itself, produced by a ``cat`` of its two halves along its longest dim (no-op for 1 element)."""
-    dim = max(range(x.dim()), key=lambda d: x.shape[d])
-    size = x.shape[dim]
+    """``x`` itself, produced by a ``cat`` of its two halves along its longest static dim.
+
+    A dynamic dim (a batch) is never the one cut: comparing or halving its size would make the trace
+    guard on it, and 1.5.1 delegates no slice with a dynamic size.
+    """
+    static = [d for d in range(x.dim()) if isinstance(x.shape[d], int)]
+    if not static:
+        return x
+    dim = max(static, key=lambda d: int(x.shape[d]))
+    size = int(x.shape[dim])
     if size < 2:
         return x
     half = size // 2
     # Slices, not ``narrow``: the XNNPACK quantizer gives a slice its input's qparams and leaves a narrow
     # unannotated, whose output then gets the cat's own; XNNPACK does not take a quantized slice whose
     # input and output qparams differ, so static int8 would split the delegate at every such cat.
-    before = (slice(None),) * dim
-    return torch.cat([x[(*before, slice(0, half))], x[(*before, slice(half, size))]], dim)
+    # aten.slice itself: indexing would add a no-op slice of every dim before ``dim``, the batch's too.
+    halves = [torch.ops.aten.slice.Tensor(x, dim, 0, half), torch.ops.aten.slice.Tensor(x, dim, half, size)]
+    return torch.cat(halves, dim)

@@ -75,7 +75,7 @@ class ConvTranspose3dGeometry:
 
 def conv_transpose3d_geometry(node: torch.fx.Node) -> ConvTranspose3dGeometry | str:
     """The geometry of the 3-D transposed convolution ``node``, or why it cannot be rewritten."""
-    arguments = conv_arguments(node)
+    arguments = conv_arguments(node, allow_dynamic_batch=True)
     if isinstance(arguments, str):
         return arguments
     kwargs = arguments.kwargs
@@ -114,11 +114,11 @@ def _zero_inserted(frames: torch.Tensor, geometry: ConvTranspose3dGeometry) -> t
     The front border is ``(k - 1)*dilation - padding`` zero frames, the back one that plus the output
     padding; a negative border crops instead. Zeros from a constant pad: exact in int8 too.
     """
-    n, d, f = frames.shape
+    _, d, f = frames.shape
     kd, sd, pd, od, dd = (geometry.weight_shape[2], geometry.stride[0], geometry.padding[0],
                           geometry.output_padding[0], geometry.dilation[0])
     if sd > 1:  # (N, D, 1, F) padded to (N, D, sd, F): each frame, then sd - 1 zero frames
-        frames = F.pad(frames.reshape(n, d, 1, f), (0, 0, 0, sd - 1)).reshape(n, d * sd, f)
+        frames = F.pad(frames.reshape(-1, d, 1, f), (0, 0, 0, sd - 1)).reshape(-1, d * sd, f)
     front = (kd - 1) * dd - pd
     back = front + od - (sd - 1)  # the zero-insertion already put sd - 1 frames behind the last one
     if front < 0:
@@ -139,7 +139,7 @@ def conv_transpose3d_as_2d(
     """``activation(conv_transpose3d(x, weight, bias))`` with one ``conv_transpose2d`` and views (traced
     by the rewrite). ``constants`` is ``conv_transpose2d_constants(weight, bias, geometry)``.
     """
-    n, c_in, d, h, w = geometry.input_shape
+    _, c_in, d, h, w = geometry.input_shape  # the batch stays as the graph has it: -1 in every reshape
     _, _, kd, _, _ = geometry.weight_shape
     _, c_out, do, ho, wo = geometry.output_shape
     _, sh, sw = geometry.stride
@@ -148,17 +148,17 @@ def conv_transpose3d_as_2d(
     dd, dh, dw = geometry.dilation
     bias = constants[1] if len(constants) > 1 else None
     if geometry.taps_tile_depth:
-        frames = as_cat(x.permute(0, 2, 1, 3, 4).reshape(n * d, c_in, h, w))
+        frames = as_cat(x.permute(0, 2, 1, 3, 4).reshape(-1, c_in, h, w))
         y = F.conv_transpose2d(frames, constants[0], bias, (sh, sw), (ph, pw), (oh, ow), geometry.groups, (dh, dw))
         y = activation(y) if activation is not None else y
-        y = y.reshape(n, d, c_out, kd, ho * wo).permute(0, 2, 1, 3, 4).reshape(n, c_out, d * kd, ho, wo)
+        y = y.reshape(-1, d, c_out, kd, ho * wo).permute(0, 2, 1, 3, 4).reshape(-1, c_out, d * kd, ho, wo)
         return y if pd == 0 else y[:, :, pd : pd + do]
-    frames = _zero_inserted(x.permute(0, 2, 1, 3, 4).reshape(n, d, c_in * h * w), geometry)
+    frames = _zero_inserted(x.permute(0, 2, 1, 3, 4).reshape(-1, d, c_in * h * w), geometry)
     taps = [frames[:, j * dd : j * dd + do] for j in range(kd)]
-    folded = fold_frames(taps, n * do, geometry.groups, h, w)
+    folded = fold_frames(taps, c_in, geometry.groups, h, w)
     y = F.conv_transpose2d(folded, constants[0], bias, (sh, sw), (ph, pw), (oh, ow), geometry.groups, (dh, dw))
     y = activation(y) if activation is not None else y
-    return y.reshape(n, do, c_out, ho, wo).permute(0, 2, 1, 3, 4)
+    return y.reshape(-1, do, c_out, ho, wo).permute(0, 2, 1, 3, 4)
 
 
 class RewriteConvTranspose3dPass(SplicedConvPass[ConvTranspose3dGeometry]):

@@ -49,7 +49,7 @@ def conv_arguments(node: torch.fx.Node, *, allow_dynamic_batch: bool = False) ->
         if allow_dynamic_batch and value is kwargs["input"] and len(sizes) == 5 and not isinstance(sizes[0], int):
             dynamic_batch, sizes[0] = True, 1
         if not all(isinstance(s, int) for s in sizes):
-            return f"dynamic shape {tuple(meta.shape)}: the depth folding needs static sizes"
+            return f"dynamic shape {tuple(meta.shape)}: the depth folding needs static depth, height and width"
         shapes.append(tuple(int(s) for s in sizes))
     if len(shapes[0]) != 5:
         return f"unbatched input of rank {len(shapes[0])}"

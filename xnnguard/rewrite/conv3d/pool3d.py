@@ -103,9 +103,12 @@ def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
     meta = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
     if not isinstance(meta, torch.Tensor):
         return "its input has no shape information"
-    if not all(isinstance(s, int) for s in meta.shape):
-        return f"dynamic shape {tuple(meta.shape)}: the frame folding needs static sizes"
-    shape = tuple(int(s) for s in meta.shape)
+    sizes = list(meta.shape)
+    if len(sizes) == 5 and not isinstance(sizes[0], int):  # a dynamic batch stays: every reshape says -1
+        sizes[0] = 1
+    if not all(isinstance(s, int) for s in sizes):
+        return f"dynamic shape {tuple(meta.shape)}: the frame folding needs static depth, height and width"
+    shape = tuple(int(s) for s in sizes)
     if node.target in _ADAPTIVE_AVG_POOLS:
         out = triple(kwargs["output_size"])
         if any(o <= 0 or size % o for size, o in zip(shape[-3:], out)):
@@ -173,15 +176,15 @@ def pool3d_as_2d(x: torch.Tensor, pool: Pool3d, correction: torch.Tensor | float
     For average pooling ``correction`` is ``pool3d_correction(pool)``; None computes the uncorrected
     stages (what the correction is measured against).
     """
-    n, c, d, h, w = pool.batched_shape
+    _, c, d, h, w = pool.batched_shape  # the batch stays as the graph has it: -1 in every reshape
     do, ho, wo = (pool.output_size(dim) for dim in range(3))
-    y = x.reshape(n, c * d, h, w)
+    y = x.reshape(-1, c * d, h, w)
     if not pool._stage_is_identity((1, 2)):
         y = _max_stage(y, pool, (1, 2), (ho, wo)) if pool.kind == "max" else _avg_stage(y, pool, (1, 2))
-    y = y.reshape(n, c, d, ho * wo)
+    y = y.reshape(-1, c, d, ho * wo)
     if not pool._stage_is_identity((0,)):
         y = _max_stage(y, pool, (0, -1), (do, ho * wo)) if pool.kind == "max" else _avg_stage(y, pool, (0, -1))
-    y = y.reshape(*pool.input_shape[:-3], do, ho, wo)
+    y = y.reshape(-1, c, do, ho, wo) if len(pool.input_shape) == 5 else y.reshape(c, do, ho, wo)
     if correction is None:
         return y
     return y * correction
@@ -215,6 +218,10 @@ class RewritePool3dPass(NodeRewritePass):
     rule = Rule.NOT_REWRITTEN
     subject = "3-D pooling"
     pieces_stay_float = True  # the XNNPACK quantizer leaves a 3-D pooling float: so are its 2-D stages
+    left_op_fails = (
+        "ExecuTorch 1.5.1 has no kernel for a 3-D pooling: the program fails to load; export it with static "
+        "depth, height and width (a dynamic batch is fine) and do not use the indices of a max pooling"
+    )
 
     def picks(self, node: torch.fx.Node) -> bool:
         return pool3d(node) is not None

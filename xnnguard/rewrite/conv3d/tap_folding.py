@@ -16,18 +16,20 @@ from xnnguard.rewrite.conv3d.conv_input_cat import as_cat
 __all__ = ["fold_frames", "fold_taps", "fold_transposed_taps"]
 
 
-def fold_frames(tap_frames: list[torch.Tensor], batch: int, groups: int, h: int, w: int) -> torch.Tensor:
-    """Tap frames (A, count, C*h*w) -> 2-D conv input (batch, taps*C, h, w), channels (group, tap, C).
+def fold_frames(tap_frames: list[torch.Tensor], channels: int, groups: int, h: int, w: int) -> torch.Tensor:
+    """Tap frames (A, count, C*h*w) -> 2-D conv input (A*count, taps*C, h, w), channels (group, tap, C).
 
-    The conv's input is a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``): without groups, the taps
-    concatenated along the channel dim of 4-D tensors, which is the folding itself.
+    ``channels`` is C, the channels of one frame; the frames' count stays as the graph has it (a dynamic
+    batch too). The conv's input is a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``): without
+    groups, the taps concatenated along the channel dim of 4-D tensors, which is the folding itself.
     """
-    if len(tap_frames) == 1:
-        return as_cat(tap_frames[0].reshape(batch, -1, h, w))
+    taps = len(tap_frames)
+    if taps == 1:
+        return as_cat(tap_frames[0].reshape(-1, channels, h, w))
     if groups == 1:
-        return torch.cat([t.reshape(batch, -1, h, w) for t in tap_frames], 1)
-    grouped = [t.reshape(batch, groups, -1) for t in tap_frames]
-    return as_cat(torch.cat(grouped, 2).reshape(batch, -1, h, w))
+        return torch.cat([t.reshape(-1, channels, h, w) for t in tap_frames], 1)
+    grouped = [t.reshape(-1, groups, channels // groups * h * w) for t in tap_frames]
+    return as_cat(torch.cat(grouped, 2).reshape(-1, taps * channels, h, w))
 
 
 def fold_taps(weight: torch.Tensor, taps: range) -> torch.Tensor:
