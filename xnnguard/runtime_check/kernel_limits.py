@@ -109,10 +109,9 @@ def _advice(method: Method, call: KernelCall, dependencies: Dependencies) -> str
     source = tensors[0] if tensors else None
     if source is not None and source.dynamic:
         return (
-            f"its input has a dynamic shape (at most {list(source.sizes)}), which xnnguard.rewrite_for_xnnpack "
-            "does not rewrite (it folds the batch into the frames; only a one-patch convolution such as a patch "
-            "embedding may keep a dynamic batch): export the model with static input sizes to keep the "
-            "convolution on XNNPACK"
+            f"its input has a dynamic shape (at most {list(source.sizes)}), and xnnguard.rewrite_for_xnnpack "
+            "keeps only a dynamic batch (it slices and folds the frames, so depth, height and width must be "
+            "static): export the model with static frames and resolution to keep the convolution on XNNPACK"
         )
     if len(call.args) > 1 and not _from_parameters(method, call.args[1], dependencies, _metas(method)):
         return (
