@@ -41,6 +41,20 @@ def conv3d_cases(draw: st.DrawFn) -> tuple[torch.nn.Conv3d, torch.Tensor]:
     return conv.eval(), torch.randn(draw(st.integers(1, 2)), conv.in_channels, *size)
 
 
+@st.composite
+def temporal_conv_cases(draw: st.DrawFn) -> tuple[torch.nn.Conv3d, torch.Tensor]:
+    """(k, 1, 1) kernels, as in R(2+1)D's and S3D's separable convs, and 1x1x1 ones: any depth geometry."""
+    groups = draw(st.sampled_from([1, 2]))
+    kd, sd, dd, pd = (draw(st.integers(1, 4)), draw(st.integers(1, 3)), draw(st.integers(1, 2)),
+                      draw(st.integers(0, 2)))
+    depth = draw(st.integers(max(1, dd * (kd - 1) + 1 - 2 * pd), 8))
+    conv = torch.nn.Conv3d(groups * draw(st.integers(1, 3)), groups * draw(st.integers(1, 3)), (kd, 1, 1),
+                           (sd, 1, 1), (pd, 0, 0), (dd, draw(st.integers(1, 2)), 1), groups, bias=draw(st.booleans()))
+    torch.manual_seed(draw(st.integers(0, 2**16)))
+    x = torch.randn(draw(st.integers(1, 2)), conv.in_channels, depth, draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    return conv.eval(), x
+
+
 def _geometry(conv: torch.nn.Conv3d, x: torch.Tensor) -> Conv3dGeometry:
     padding = tuple((p, p) for p in conv.padding)  # type: ignore[union-attr]
     return Conv3dGeometry(
@@ -63,6 +77,31 @@ def test_conv2d_form_equals_conv3d_for_any_parameters(
                                    atol=1e-4, rtol=1e-4)
 
 
+@settings(derandomize=True, max_examples=25, deadline=None)
+@given(temporal_conv_cases())
+def test_a_temporal_conv_is_one_conv2d_over_frames_and_pixels_without_any_permute(
+    case: tuple[torch.nn.Conv3d, torch.Tensor],
+) -> None:
+    conv, x = case
+    geometry = _geometry(conv, x)
+    if geometry.form == "one patch":  # a 1x1x1 input: a linear is cheaper still
+        return
+    assert geometry.form == "temporal"
+    ep = rewritten(conv, x)
+    assert {"conv3d", "permute", "permute_copy"}.isdisjoint(ops(ep))
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), conv(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_temporal_conv_with_uneven_same_padding_pads_the_frames_explicitly() -> None:
+    conv = torch.nn.Conv3d(2, 3, (2, 1, 1), padding="same").eval()  # 1 zero frame at the back only
+    x = torch.randn(1, 2, 5, 3, 4)
+    ep = rewritten(conv, x)
+    assert "conv3d" not in ops(ep)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), conv(x), atol=1e-5, rtol=1e-5)
+
+
 @settings(derandomize=True, max_examples=12, deadline=None)
 @given(conv3d_cases())
 def test_rewritten_program_has_no_3d_conv_and_equals_eager(case: tuple[torch.nn.Conv3d, torch.Tensor]) -> None:
@@ -79,9 +118,10 @@ def test_rewritten_program_has_no_3d_conv_and_equals_eager(case: tuple[torch.nn.
     [
         (torch.nn.Conv3d(3, 8, (2, 4, 4), stride=(2, 4, 4), bias=False), (4, 3, 2, 4, 4)),  # one patch -> linear
         (torch.nn.Conv3d(4, 6, (1, 3, 3), padding=(0, 1, 1)), (1, 4, 5, 7, 6)),  # depth tiles (frames)
+        (torch.nn.Conv3d(4, 6, (3, 1, 1), stride=(2, 1, 1), padding=(1, 0, 0), groups=2), (2, 4, 7, 5, 6)),
         (torch.nn.Conv3d(6, 4, 3, stride=(2, 1, 2), padding=(2, 1, 0), dilation=(2, 1, 1), groups=2), (2, 6, 7, 6, 9)),
     ],
-    ids=["one-patch", "depth-tiles", "general"],
+    ids=["one-patch", "depth-tiles", "temporal", "general"],
 )
 def test_each_form_lowers_fully_to_xnnpack_and_runs(conv: torch.nn.Conv3d, shape: tuple[int, ...]) -> None:
     x = torch.randn(shape)

@@ -47,6 +47,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
         (1, 4, 6, 8, 8),
     ),
     "Conv3d, depth tiles": (lambda: nn.Conv3d(4, 8, (2, 3, 3), stride=(2, 1, 1), padding=(0, 1, 1)), (1, 4, 6, 8, 8)),
+    "Conv3d, temporal (3, 1, 1)": (lambda: nn.Conv3d(4, 8, (3, 1, 1), padding=(1, 0, 0)), (1, 4, 6, 8, 8)),
     "Conv3d, one patch": (lambda: nn.Conv3d(3, 16, (2, 4, 4), stride=(2, 4, 4)), (4, 3, 2, 4, 4)),
     "ConvTranspose3d, taps tile depth": (lambda: nn.ConvTranspose3d(8, 4, 2, stride=2), (1, 8, 3, 6, 6)),
     "ConvTranspose3d, overlapping taps": (

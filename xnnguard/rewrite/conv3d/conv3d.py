@@ -8,6 +8,9 @@ convolution has none either, so without this a video model cannot run at all.
 Three forms, cheapest first:
 
 * **one patch** (the input is exactly one kernel window, e.g. Qwen2-VL's patch embedding): a linear;
+* **temporal** (a (k, 1, 1) kernel with spatial stride 1 and no spatial padding: the temporal half of
+  R(2+1)D's and S3D's separable convs, and every 1x1x1 conv): one conv2d over (D, H*W) with a (k, 1)
+  kernel, on the input as it is laid out: no permute, no frame folding, only views around it;
 * **depth tiles** (depth stride == kernel depth, no depth padding, no dilation; also kernel depth 1 with
   stride 1): one 6-D permute folds each window's frames into channels, then one conv2d;
 * **general**: the depth padding becomes zero frames (a constant pad, exact also in int8), so that every
@@ -77,6 +80,8 @@ class Conv3dGeometry:
     def form(self) -> str:
         if self._is_one_patch():
             return "one patch"
+        if self._is_temporal():
+            return "temporal"
         if self._is_depth_tiles():
             return "depth tiles"
         return "general"
@@ -88,6 +93,12 @@ class Conv3dGeometry:
         return self.groups == 1 and no_padding and exact and all(
             self.dilation[d] == 1 or kernel[d] == 1 for d in range(3)
         )
+
+    def _is_temporal(self) -> bool:
+        """Only the depth is convolved: H and W pass through, so (H, W) can be one axis of a conv2d."""
+        _, _, _, kh, kw = self.weight_shape
+        no_spatial_padding = self.padding[1] == (0, 0) and self.padding[2] == (0, 0)
+        return (kh, kw) == (1, 1) and self.stride[1:] == (1, 1) and no_spatial_padding
 
     def _is_depth_tiles(self) -> bool:
         kd = self.weight_shape[2]
@@ -161,6 +172,8 @@ def conv2d_constants(
     with_bias = [bias.clone()] if bias is not None else []
     if form == "one patch":
         return [weight.reshape(out_c, -1), *with_bias]
+    if form == "temporal":
+        return [weight.reshape(out_c, -1, weight.shape[2], 1), *with_bias]
     if form == "depth tiles":
         return [weight.reshape(out_c, -1, kh, kw), *with_bias]
     if depth_taps == "fold":
@@ -205,6 +218,13 @@ def conv3d_as_conv2d(
         patch = x[:, :, :kd, :kh, :kw] if (d, h, w) != (kd, kh, kw) else x
         y = act(F.linear(patch.reshape(-1, c * kd * kh * kw), next(read), bias()))
         return y.reshape(-1, out_c, 1, 1, 1)
+    if form == "temporal":  # (N, C, D, H, W) is (N, C, D, H*W) as it lies in memory
+        front, back = geometry.padding[0]
+        planes = as_cat(x.reshape(-1, c, d, h * w))
+        if front != back:  # conv2d pads both sides alike; an uneven "same" padding is an explicit pad
+            planes, front = F.pad(planes, (0, 0, front, back)), 0
+        y = act(F.conv2d(planes, next(read), bias(), (sd, 1), (front, 0), (dd, 1), groups))
+        return y.reshape(-1, out_c, do, ho, wo)
     if form == "depth tiles":
         tiles = x if do * kd == d else x[:, :, : do * kd]
         folded = tiles.reshape(-1, c, do, kd, h, w).permute(0, 2, 1, 3, 4, 5).reshape(-1, c * kd, h, w)
