@@ -13,6 +13,8 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
   ExecuTorch 1.5 runs them through ``transform_for_pre_decomposition``; 1.4, which has no such hook
   (``xnnguard.compat.has_pre_decomposition_hook``), through the first ``ops_to_not_decompose`` call,
   which 1.4 makes at the same point: on its own copy of the ATen program, before any decomposition;
+  at the same point, a view with one dynamic dim (a dynamic batch) is written with -1 for it
+  (``InferredViewPass``): the same view, in the form XNNPACK takes;
 * never lets a partition output a memory-format round trip of its own input (XNNPACK's copy removal
   would make the delegate output its input): such an output, and what in the partition reads it, runs
   outside;
@@ -50,8 +52,10 @@ from xnnguard.partition.guard import GuardedConfig, Ledger
 from xnnguard.partition.outside import is_operator_call, outside_record
 from xnnguard.partition.why import stock_reasons
 from xnnguard.report import KeptOut, Rule, summarize
+from xnnguard.rewrite.forms.inferred_view import InferredViewPass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
+from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.runner import run_passes
 from xnnguard.rules.keep_out import keep_out_reason
 from xnnguard.tagging import TagConv3dPass, TagHighRankPass
@@ -104,9 +108,12 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         """
         rewrites = _pre_decomposition_rewrites(exported_program.graph_module)
         self._decomposed = {}
-        if not rewrites:
+        dynamic = _has_dynamic_dims(exported_program.graph_module)
+        if not rewrites and not dynamic:
             return exported_program
         program = exported_program.run_decompositions({})  # a new graph, as the lowering makes next
+        if dynamic:  # after run_decompositions({}): it spells out the sizes of views (a flatten's too)
+            rewrites = [*rewrites, InferredViewPass()]
         run_passes(rewrites, program.graph_module)  # in place: they add ops only, no inputs or weights
         return program
 
@@ -122,6 +129,8 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         """
         if not compat.has_pre_decomposition_hook() and getattr(ep, "dialect", "EDGE") != "EDGE":
             rewrites = _pre_decomposition_rewrites(ep.graph_module)
+            if _has_dynamic_dims(ep.graph_module):
+                rewrites.append(InferredViewPass())
             if rewrites:
                 run_passes(rewrites, ep.graph_module)
         ops, stock_filter = super().ops_to_not_decompose(ep)
@@ -217,9 +226,18 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
             compat.load_quantized_kernels()  # on 1.4.0 the plain import is not enough: see there
 
 
-def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[MaxKeepdimPass | PReLUTo4dPass]:
+def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[NodeRewritePass]:
     """The rewrites that have work on ``graph_module``: a max over H or W, a PReLU of another rank."""
     return [rewrite for rewrite in (MaxKeepdimPass(), PReLUTo4dPass()) if rewrite.applies_to(graph_module)]
+
+
+def _has_dynamic_dims(graph_module: torch.fx.GraphModule) -> bool:
+    """True when a graph input has a symbolic size: its views then need ``InferredViewPass``."""
+    for node in graph_module.graph.nodes:
+        value = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(value, torch.Tensor) and not all(isinstance(size, int) for size in value.shape):
+            return True
+    return False
 
 
 def _first_forbidden(partition: Partition) -> tuple[torch.fx.Node, KeptOut] | None:

@@ -1,1 +1,1 @@
-"""Ops XNNPACK 1.5.1 lowers in one written form only, rewritten into it (run before decomposition)."""
+"""Ops XNNPACK lowers in one written form only, rewritten into it by the partitioner."""
