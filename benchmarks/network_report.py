@@ -57,6 +57,7 @@ class Result:
     size: str
     precision: str
     flow: str  # "xnnguard" or "stock"
+    batch: str = "static"  # "dynamic": exported with a dynamic batch (see dynamic_batch)
     status: str = "ok"  # "ok", "mismatch", or "<stage> failed"
     error: str = ""
     delegates: int | None = None
@@ -186,8 +187,11 @@ def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: R
     and the runtime change from what quantization itself changes.
     """
     dynamic_shapes = getattr(model, "export_dynamic_shapes", None)  # a network exported with dynamic dims
+    export_inputs = inputs
+    if result.batch == "dynamic" and dynamic_shapes is None:
+        export_inputs, dynamic_shapes = dynamic_batch(inputs)
     with stage("export", result):
-        ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
+        ep = torch.export.export(model, export_inputs, dynamic_shapes=dynamic_shapes)
     if not stock:
         import xnnguard
 
@@ -206,12 +210,24 @@ def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: R
         prepared(*inputs)  # calibrate on the example input
         converted = convert_pt2e(prepared)
         expected = _first_tensor(converted(*inputs))
-        ep = torch.export.export(converted, inputs, dynamic_shapes=dynamic_shapes)
+        ep = torch.export.export(converted, export_inputs, dynamic_shapes=dynamic_shapes)
     result.left_in_float = [str(record) for record in getattr(quantizer, "left_in_float", ())]
     return ep, expected
 
 
-def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Path) -> Result:
+def dynamic_batch(inputs: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], tuple[dict[int, Any], ...]]:
+    """Export inputs and dynamic shapes for a dynamic batch, as export pipelines often keep one.
+
+    The example is the input repeated to batch 2 (an example batch of 1 would be specialized away); the
+    program is then run and compared at the network's own batch of 1, another batch than it was traced at.
+    """
+    batch = torch.export.Dim("batch", min=1, max=4)
+    return (tuple(x.repeat(2, *[1] * (x.dim() - 1)) for x in inputs),
+            tuple({0: batch} for _ in inputs))
+
+
+def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Path,
+                  batch: str = "static") -> Result:
     """Build, export, rewrite, quantize, lower, serialize, load, run and compare one network."""
     from executorch.exir import to_edge_transform_and_lower
     from executorch.extension.pybindings import portable_lib
@@ -219,7 +235,7 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
     from benchmarks.networks import NETWORKS
     from xnnguard.runtime_check.runtime_load import captured_stderr
 
-    result = Result(name, size, precision, "stock" if stock else "xnnguard")
+    result = Result(name, size, precision, "stock" if stock else "xnnguard", batch=batch)
     try:
         with stage("build", result):
             model, inputs = NETWORKS[name](size)
@@ -233,7 +249,7 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
         with stage("serialize", result):
             buffer = edge.to_executorch().buffer
         result.lower_s = time.perf_counter() - started
-        pte = pte_dir / f"{name}.{size}.{precision}.{result.flow}.pte"
+        pte = pte_dir / f"{name}.{size}.{precision}.{batch}.{result.flow}.pte"
         pte.write_bytes(buffer)
         result.pte = str(pte)
         with captured_stderr() as log:
@@ -275,11 +291,12 @@ def _failure_lines(log: str) -> str:
 # Workers and the driver
 
 
-def _lower_in_fresh_process(name: str, size: str, precision: str, stock: bool, pte_dir: Path) -> Result:
+def _lower_in_fresh_process(name: str, size: str, precision: str, stock: bool, pte_dir: Path,
+                            batch: str = "static") -> Result:
     """``lower_network`` in a process of its own; a crash or a hang becomes the result's error."""
-    out = pte_dir / f"{name}.{size}.{precision}.json"
+    out = pte_dir / f"{name}.{size}.{precision}.{batch}.json"
     command = [sys.executable, "-m", "benchmarks.network_report", "--lower-worker", name, "--size", size,
-               "--precision", precision, "--pte-dir", str(pte_dir), "--out", str(out)]
+               "--precision", precision, "--batch", batch, "--pte-dir", str(pte_dir), "--out", str(out)]
     if stock:
         command.append("--stock")
     flow = "stock" if stock else "xnnguard"
@@ -287,10 +304,11 @@ def _lower_in_fresh_process(name: str, size: str, precision: str, stock: bool, p
         done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO,
                               timeout=LOWER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return Result(name, size, precision, flow, status="timeout", error=f"no result after {LOWER_TIMEOUT_S} s")
+        return Result(name, size, precision, flow, batch, status="timeout",
+                      error=f"no result after {LOWER_TIMEOUT_S} s")
     if done.returncode != 0 or not out.exists():
         tail = " | ".join(done.stderr.strip().splitlines()[-6:])
-        return Result(name, size, precision, flow, status="crashed",
+        return Result(name, size, precision, flow, batch, status="crashed",
                       error=f"worker exited with {done.returncode}: {tail}"[-2000:])
     data = json.loads(out.read_text())
     data["outside_kinds"] = [tuple(kind) for kind in data["outside_kinds"]]
@@ -385,23 +403,23 @@ def details(results: Sequence[Result]) -> str:
 
 
 def run_report(names: Sequence[str], precisions: Sequence[str], size: str, stock: bool, timing: bool,
-               threads: int, pte_dir: Path) -> list[Result]:
+               threads: int, pte_dir: Path, batch: str = "static") -> list[Result]:
     results = []
     for precision in precisions:
-        batch = []
+        group = []
         for name in names:
-            print(f"lowering {name} ({size}, {precision}, {'stock' if stock else 'xnnguard'}) ...", file=sys.stderr,
-                  flush=True)
-            result = _lower_in_fresh_process(name, size, precision, stock, pte_dir)
+            print(f"lowering {name} ({size}, {precision}, {batch} batch, {'stock' if stock else 'xnnguard'}) ...",
+                  file=sys.stderr, flush=True)
+            result = _lower_in_fresh_process(name, size, precision, stock, pte_dir, batch)
             if timing:
                 time_network(result, threads)
-            batch.append(result)
-        print(f"\n## {precision} ({size} size, {'stock ExecuTorch 1.5.1' if stock else 'xnnguard'}"
+            group.append(result)
+        print(f"\n## {precision}, {batch} batch ({size} size, {'stock ExecuTorch' if stock else 'xnnguard'}"
               + (f", {threads} threads" if timing else "") + ")\n")
-        print(table(batch))
+        print(table(group))
         print()
-        print(details(batch))
-        results.extend(batch)
+        print(details(group))
+        results.extend(group)
     return results
 
 
@@ -417,6 +435,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--time", action="store_true", help="also time eager vs ExecuTorch")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("XNNGUARD_BENCH_THREADS", 2)))
     parser.add_argument("--stock", action="store_true", help="stock ExecuTorch partitioner/quantizer, no rewrite")
+    parser.add_argument("--batch", choices=("static", "dynamic"), default="static",
+                        help="dynamic: export with a dynamic batch (traced at 2, run at the network's batch)")
     parser.add_argument("--pte-dir", type=Path, default=None, help="keep the .pte files here (default: temporary)")
     parser.add_argument("--json", type=Path, default=None, help="also write every result as JSON here")
     parser.add_argument("--lower-worker", metavar="NAME", help=argparse.SUPPRESS)
@@ -441,7 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.lower_worker:
         try:
-            result = lower_network(args.lower_worker, args.size, precisions[0], args.stock, args.pte_dir)
+            result = lower_network(args.lower_worker, args.size, precisions[0], args.stock, args.pte_dir,
+                                   args.batch)
         except Exception:  # a bug of this script, not of the flow: say so plainly
             traceback.print_exc()
             return 1
@@ -451,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pte_dir = args.pte_dir or Path(tmp)
         pte_dir.mkdir(parents=True, exist_ok=True)
         results = run_report(args.names or list(NETWORKS), precisions, args.size, args.stock, args.time,
-                             args.threads, pte_dir)
+                             args.threads, pte_dir, args.batch)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
     if args.time:

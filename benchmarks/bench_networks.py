@@ -1,0 +1,154 @@
+"""Whole networks on XNNPACK: delegates, ops left outside, eager vs ExecuTorch, against the issue-12 targets.
+
+Every network of ``benchmarks.networks`` at its bench size goes through xnnguard's flow
+(``rewrite_for_xnnpack``, for int8 ``xnnguard.XNNPACKQuantizer``, ``xnnguard.XnnpackPartitioner``), each
+lowering in a fresh process of its own (``benchmarks.network_report``), in four variants: float, static and
+dynamic int8, and float exported with a dynamic batch. Float is timed against eager PyTorch, both sides in
+fresh processes with the same thread count and environment (``benchmarks.timing``, the protocol of
+``bench_rewrite_conv3d``). Targets:
+
+* float: every network at least ``MIN_RATIO`` times faster than eager, the median at least ``MEDIAN_RATIO`` times;
+* at most ``MAX_DELEGATES`` XNNPACK delegates per network, and no compute op outside them;
+* static and dynamic int8, and a dynamic batch: as many delegates as float.
+
+A miss is printed as such (``main`` returns False); the per-network details say what stayed outside and
+why (the rewriter's and the partitioner's reports). ``python -m benchmarks.bench_networks [NAME...]``
+runs some networks only; ``--variant`` picks variants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.network_report import Result, _lower_in_fresh_process, details, time_network
+
+MIN_RATIO = 1.5
+MEDIAN_RATIO = 4.0
+MAX_DELEGATES = 3
+# What a graph outside the delegates may keep without counting as compute left on portable kernels.
+NOT_COMPUTE = ("getitem", "executorch_call_delegate", "alloc", "sym_size", "_assert", "dim_order_ops")
+
+VARIANTS = {  # name: (precision, batch)
+    "float": ("float", "static"),
+    "static": ("static", "static"),
+    "dynamic": ("dynamic", "static"),
+    "float-dyn-batch": ("float", "dynamic"),
+}
+# The networks the targets are about: one per kind the issue names (duplicates of a kind are reported,
+# not counted twice in the median).
+COUNTED = ("mvit", "s3d", "r2plus1d", "swin3d", "unet3d", "unet3d_gn", "video_vae", "videomae", "hiera",
+           "qwen_vision")
+
+
+@dataclass
+class Row:
+    network: str
+    results: dict[str, Result]
+
+    def ratio(self) -> float | None:
+        r = self.results.get("float")
+        return r.eager_ms / r.et_ms if r and r.eager_ms and r.et_ms else None
+
+
+def _compute_outside(result: Result) -> int | None:
+    if result.outside is None:
+        return None
+    return sum(n for kind, n in result.outside_kinds if not any(word in kind for word in NOT_COMPUTE))
+
+
+def _cell(result: Result | None) -> str:
+    if result is None:
+        return "-"
+    if result.status != "ok":
+        return result.status
+    return f"{result.delegates} / {_compute_outside(result)}"
+
+
+def misses(rows: list[Row]) -> list[str]:
+    """Each target a row misses, in words."""
+    found = []
+    ratios = [ratio for row in rows if row.network in COUNTED and (ratio := row.ratio()) is not None]
+    for row in rows:
+        base = row.results.get("float")
+        ratio = row.ratio()
+        if ratio is not None and ratio < MIN_RATIO:
+            found.append(f"{row.network}: eager/ET {ratio:.2f} < {MIN_RATIO}")
+        for variant, result in row.results.items():
+            if result.status != "ok":
+                found.append(f"{row.network} [{variant}]: {result.status}")
+                continue
+            if result.delegates is not None and result.delegates > MAX_DELEGATES:
+                found.append(f"{row.network} [{variant}]: {result.delegates} delegates > {MAX_DELEGATES}")
+            outside = _compute_outside(result)
+            if outside:
+                found.append(f"{row.network} [{variant}]: {outside} compute ops outside XNNPACK")
+            if variant != "float" and base and base.status == "ok" and result.delegates != base.delegates:
+                found.append(f"{row.network} [{variant}]: {result.delegates} delegates, float has {base.delegates}")
+    if ratios and statistics.median(ratios) < MEDIAN_RATIO:
+        found.append(f"median eager/ET {statistics.median(ratios):.2f} < {MEDIAN_RATIO}")
+    return found
+
+
+def table(rows: list[Row], variants: list[str]) -> str:
+    header = ("network", *(f"{v} (deleg / outside)" for v in variants), "eager ms", "ET ms", "eager/ET")
+    lines = []
+    for row in rows:
+        base = row.results.get("float")
+        ratio = row.ratio()
+        lines.append((row.network, *(_cell(row.results.get(v)) for v in variants),
+                      f"{base.eager_ms:.1f}" if base and base.eager_ms else "-",
+                      f"{base.et_ms:.1f}" if base and base.et_ms else "-",
+                      f"{ratio:.2f}" if ratio else "-"))
+    widths = [max(len(str(line[i])) for line in (header, *lines)) for i in range(len(header))]
+    out = [" | ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in (header, *lines)]
+    out.insert(1, "-|-".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def main(names: list[str] | None = None, variants: list[str] | None = None, threads: int | None = None) -> bool:
+    """Lower, run and time the networks; print the table, the details and the misses. True: every target met."""
+    from benchmarks.networks import NETWORKS
+
+    threads = threads or int(os.environ.get("XNNGUARD_BENCH_THREADS", min(2, os.cpu_count() or 1)))
+    variants = variants or list(VARIANTS)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="xnnguard-networks-") as tmp:
+        for name in names or list(NETWORKS):
+            results = {}
+            for variant in variants:
+                precision, batch = VARIANTS[variant]
+                print(f"{name} [{variant}] ...", file=sys.stderr, flush=True)
+                result = _lower_in_fresh_process(name, "bench", precision, False, Path(tmp), batch)
+                if variant == "float":
+                    time_network(result, threads)
+                results[variant] = result
+            rows.append(Row(name, results))
+    print(f"Whole networks, xnnguard flow, bench size, {threads} threads; each cell: XNNPACK delegates / compute "
+          f"ops outside them; eager/ET of float (target >= {MIN_RATIO} each, median >= {MEDIAN_RATIO})")
+    print(table(rows, variants))
+    print()
+    print(details([result for row in rows for result in row.results.values()]))
+    found = misses(rows)
+    print("\nmisses:" if found else "\nevery target met")
+    for line in found:
+        print(f"  {line}")
+    return not found
+
+
+if __name__ == "__main__":
+    from benchmarks.networks import NETWORKS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"networks (default: all): {', '.join(NETWORKS)}")
+    parser.add_argument("--variant", action="append", choices=list(VARIANTS))
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if unknown := [name for name in args.names if name not in NETWORKS]:
+        parser.error(f"unknown network(s) {', '.join(unknown)}; there are: {', '.join(NETWORKS)}")
+    sys.exit(0 if main(args.names or None, args.variant, args.threads) else 1)
