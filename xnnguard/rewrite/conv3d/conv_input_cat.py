@@ -19,11 +19,13 @@ __all__ = ["as_cat"]
 def as_cat(x: torch.Tensor) -> torch.Tensor:
     """``x`` itself, produced by a ``cat`` of its two halves along its longest static dim.
 
-    A dynamic dim (a batch) is never the one cut: comparing or halving its size would make the trace
-    guard on it, and 1.5.1 delegates no slice with a dynamic size.
+    A tensor with a dynamic dim (a batch) is returned as it is: 1.5.1 delegates no slice of it (its
+    serializer needs static sizes), so the halves would run on the portable kernel and cut the delegate
+    at every conv. What that costs instead: under dynamic int8, 1.5.1 leaves such a conv float (it
+    declines the dynamically quantized conv whose input it cannot trace), still on XNNPACK.
     """
     static = [d for d in range(x.dim()) if isinstance(x.shape[d], int)]
-    if not static:
+    if len(static) < x.dim():
         return x
     dim = max(static, key=lambda d: int(x.shape[d]))
     size = int(x.shape[dim])
