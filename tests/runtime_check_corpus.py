@@ -56,7 +56,7 @@ class Zoo(torch.nn.Module):
         self.dw = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4)
 
     def forward(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        m = F.max_pool2d(x, 2)
+        m = F.max_pool2d(x, 2, 2)  # the stride written out: 1.4's stock MaxPool2dConfig raises without it
         y = torch.sigmoid(m) + F.avg_pool2d(x, 2)
         u = F.interpolate(y, scale_factor=2, mode="bilinear") + self.deconv(m)
         d = self.dw(u)

@@ -277,3 +277,20 @@ def test_a_rewritten_conv3d_with_a_group_norm_residual_lowers_and_runs(precision
     lowered, out, reference, tolerance = lower_and_run(Conv3dResBlock().eval(), torch.randn(1, 4, 3, 8, 8), precision)
     assert lowered.outside_ops()["convolution"] == 0
     assert float((out - reference).abs().max()) <= tolerance
+
+
+def test_a_max_pooling_written_without_its_stride_lowers_runs_and_matches() -> None:
+    """ExecuTorch 1.4's MaxPool2dConfig raises IndexError on ``F.max_pool2d(x, 2)`` from inside the lowering;
+    a stock check that raises refuses its node instead (1.5 takes it)."""
+
+    class ConvPool(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.max_pool2d(self.conv(x), 2)
+
+    model, x = ConvPool().eval(), torch.randn(1, 3, 8, 8)
+    lowered = lower(model, (x,), xnnguard.XnnpackPartitioner())
+    torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], model(x), atol=1e-5, rtol=1e-5)

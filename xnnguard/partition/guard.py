@@ -101,16 +101,30 @@ class GuardedConfig(PartitionerConfig):
     def check_constraints(self, node: torch.fx.Node, ep: ExportedProgram) -> bool:
         ledger = self._ledger()
         if ledger.qdq_nodes is None:
-            return bool(self.config.check_constraints(node, ep))
+            return self._stock_accepts(node, ep, ledger)
         record = keep_out_reason(node)
         if record is not None:
             ledger.keep_out(record)
             return False
-        accepted = bool(self.config.check_constraints(node, ep))
+        accepted = self._stock_accepts(node, ep, ledger)
         ledger.take_marks()  # a check is not a partition
         if not accepted:
             ledger.refused.setdefault(node, type(self.config).__name__)
         return accepted
+
+    def _stock_accepts(self, node: torch.fx.Node, ep: ExportedProgram, ledger: Ledger) -> bool:
+        """The stock check; one that raises refuses the node instead of ending the lowering.
+
+        ExecuTorch 1.4's ``MaxPool2dConfig`` reads ``node.args[2]``, so ``F.max_pool2d(x, 2)`` (no stride
+        written) raised IndexError from inside ``to_edge_transform_and_lower``.
+        """
+        try:
+            return bool(self.config.check_constraints(node, ep))
+        except Exception as error:  # a bug of the stock check, not of the program
+            name = type(self.config).__name__
+            ledger.reasons.setdefault(node, f"{name}'s check failed on this node ({type(error).__name__}: {error})")
+            logger.debug("xnnguard: %s raised on %s: %s", name, node.name, error)
+            return False
 
     def get_partition(self, node: torch.fx.Node, ep: ExportedProgram) -> list[torch.fx.Node]:
         ledger = self._ledger()
