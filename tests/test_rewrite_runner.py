@@ -30,6 +30,7 @@ from xnnguard.rewrite.rank.permute import ReduceRankPermutePass
 from xnnguard.rewrite.rank.reduce_rank import ReduceRankPass
 from xnnguard.rewrite.rank.reduction import ReduceRankReductionPass
 from xnnguard.rewrite.rank.slice import ReduceRankSlicePass
+from xnnguard.rewrite.reduce import MeanKeepdimPass, RewriteExtremumPass, RewritePowerPass, RewriteSumPass
 from xnnguard.rewrite.rewrite_for_xnnpack import RewriteError, XnnpackRewriter
 from xnnguard.rewrite.runner import run_passes
 from xnnguard.rules.keep_out import keep_out_reason
@@ -95,6 +96,16 @@ CASES: dict[str, tuple[type[PassBase], Callable[[], tuple]]] = {
         FlattenHighRankLinearPass,
         _high_rank(lambda parts, y: parts[0](y), torch.nn.Linear(3, 3)),
     ),
+    "MeanKeepdimPass": (
+        MeanKeepdimPass,
+        lambda: (Lambda(lambda _, x: x.mean((2, 3))).eval(), (torch.randn(1, 2, 3, 4),)),
+    ),
+    "RewriteSumPass": (RewriteSumPass, lambda: (Lambda(lambda _, x: x.mean(1)).eval(), (torch.randn(1, 2, 3, 4, 5),))),
+    "RewriteExtremumPass": (
+        RewriteExtremumPass,
+        lambda: (Lambda(lambda _, x: torch.max(x, dim=1)[0]).eval(), (torch.randn(1, 2, 3, 4),)),
+    ),
+    "RewritePowerPass": (RewritePowerPass, lambda: (Lambda(lambda _, x: x**2.0).eval(), (torch.randn(2, 3),))),
 }
 
 
