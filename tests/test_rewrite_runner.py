@@ -21,6 +21,12 @@ from xnnguard.rewrite.conv3d.pool3d import RewritePool3dPass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rewrite.norm import (
+    RewriteGroupNormPass,
+    RewriteInstanceNormPass,
+    RewriteLayerNormPass,
+    RewriteRmsNormPass,
+)
 from xnnguard.rewrite.rank.cat import ReduceRankCatPass
 from xnnguard.rewrite.rank.elementwise import ReduceRankElementwisePass
 from xnnguard.rewrite.rank.fuse_views import FuseHighRankViewsPass
@@ -95,6 +101,16 @@ CASES: dict[str, tuple[type[PassBase], Callable[[], tuple]]] = {
     "FlattenHighRankLinearPass": (
         FlattenHighRankLinearPass,
         _high_rank(lambda parts, y: parts[0](y), torch.nn.Linear(3, 3)),
+    ),
+    "RewriteLayerNormPass": (RewriteLayerNormPass, lambda: (torch.nn.LayerNorm(4).eval(), (torch.randn(2, 3, 4),))),
+    "RewriteRmsNormPass": (RewriteRmsNormPass, lambda: (torch.nn.RMSNorm(4).eval(), (torch.randn(2, 3, 4),))),
+    "RewriteGroupNormPass": (
+        RewriteGroupNormPass,
+        lambda: (torch.nn.GroupNorm(2, 4).eval(), (torch.randn(1, 4, 3, 3),)),
+    ),
+    "RewriteInstanceNormPass": (
+        RewriteInstanceNormPass,
+        lambda: (torch.nn.InstanceNorm3d(2).eval(), (torch.randn(1, 2, 2, 3, 3),)),
     ),
     "MeanKeepdimPass": (
         MeanKeepdimPass,

@@ -90,6 +90,14 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
         lambda: Then(nn.Conv2d(4, 8, 1), lambda y: y.amax(1, keepdim=True), nn.Conv2d(1, 8, 1)),
         (1, 4, 6, 6),
     ),
+    "Linear + LayerNorm + Linear": (
+        lambda: nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 8)),
+        (2, 5, 8),
+    ),
+    "Conv2d + GroupNorm + Conv2d": (
+        lambda: nn.Sequential(nn.Conv2d(4, 8, 3), nn.GroupNorm(2, 8), nn.Conv2d(8, 4, 1)),
+        (1, 4, 8, 8),
+    ),
 }
 
 
