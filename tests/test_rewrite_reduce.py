@@ -137,6 +137,18 @@ def test_a_small_power_is_rewritten_into_the_ops_pytorch_computes_it_with(expone
     torch.testing.assert_close(ep.module()(x), model(x), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_a_sum_mean_or_max_over_dims_of_size_one_is_a_view(keepdim: bool) -> None:
+    def reductions(x: torch.Tensor) -> torch.Tensor:
+        return x.sum((1, 3), keepdim) + x.mean(1, keepdim).mean(-1, keepdim) + x.amax((-1, 1), keepdim)
+
+    model = Net(lambda _, x: reductions(x)).eval()
+    x = torch.randn(2, 1, 3, 1)
+    ep = rewritten(model, x)
+    assert not ops(ep) & {"sum", "mean", "amax"}
+    torch.testing.assert_close(ep.module()(x), model(x), atol=0, rtol=0)
+
+
 def test_the_int_square_xnnpack_takes_itself_is_left_alone() -> None:
     model = Net(lambda _, x: x**2).eval()
     x = torch.randn(2, 3)
@@ -154,6 +166,10 @@ def _range(y: torch.Tensor) -> torch.Tensor:
     return y.amax(-1) - y.amin(-1)
 
 
+def _mean_and_max(y: torch.Tensor) -> torch.Tensor:
+    return y.mean(dim=(2, 3, 4)) + y.amax(dim=(2, 3, 4))
+
+
 E2E: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "channel mean of a 5-D tensor (a video VAE's RMS norm)": (
         lambda: Net(lambda p, x: p[0](x).mean(dim=1, keepdim=True) + 1.0, nn.Conv3d(4, 8, 1)),
@@ -165,6 +181,10 @@ E2E: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     ),
     # An odd count of tokens: the int8 mean of an even count can fall on a rounding tie, which float rounding
     # breaks either way (one step at the mean, three at the output).
+    "mean and max over dims of size 1 (S3D's head on a small input)": (
+        lambda: Net(lambda p, x: _mean_and_max(p[0](x)), nn.Conv3d(4, 8, 3)),
+        (1, 4, 3, 3, 3),
+    ),
     "mean over the tokens (a ViT's pooling)": (
         lambda: Net(lambda p, x: p[1](p[0](x).mean(1)), nn.Linear(8, 16), nn.Linear(16, 4)),
         (2, 9, 8),

@@ -29,7 +29,7 @@ from xnnguard.report import Rule
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import high_rank, user_kept_out
-from xnnguard.rewrite.reduce.forms import Pick, extremum, reshape_to
+from xnnguard.rewrite.reduce.forms import Pick, contiguous_view, extremum
 from xnnguard.rewrite.reduce.plan import data_dims, reduced_dims, reduced_size
 from xnnguard.rules.max_reduction import max_over_height_or_width
 
@@ -100,16 +100,12 @@ class RewriteExtremumPass(NodeRewritePass):
         size = reduced_size(value.shape, dims)
         if isinstance(size, str):
             return size
-        reduced = data_dims(value.shape, dims)
-        if not reduced:
-            return "it reduces dims of size 1 only (a view)"
+        reduced = data_dims(value.shape, dims)  # none: a max of one element is that element, a view
         pick: Pick = _PICK[which]
 
         def replacement(x_: torch.Tensor) -> torch.Tensor:
             sizes = [1 if d in dims else x_.shape[d] for d in range(x_.dim()) if keepdim or d not in dims]
-            y = extremum(x_, reduced, pick)
-            y = y if list(y.shape) == sizes else reshape_to(y, sizes)
-            return torch.clone(y, memory_format=torch.contiguous_format)  # free on XNNPACK: see norm.base.contiguous
+            return contiguous_view(extremum(x_, reduced, pick), sizes)
 
         output = splice_before(graph_module, node, replacement, [x])
         for user in users:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from xnnguard.rewrite.reduce.plan import stages
 
-__all__ = ["Pick", "extremum", "reshape_to", "sum_weights", "trailing_sum"]
+__all__ = ["Pick", "contiguous_view", "extremum", "reshape_to", "sum_weights", "trailing_sum"]
 
 Pick = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Sizes = Sequence[int | torch.SymInt]
@@ -30,6 +30,16 @@ def reshape_to(x: torch.Tensor, sizes: Sizes) -> torch.Tensor:
     if len(dynamic) == 1:
         written[dynamic[0]] = -1
     return x.reshape(written)
+
+
+def contiguous_view(x: torch.Tensor, sizes: Sizes) -> torch.Tensor:
+    """``x`` viewed at ``sizes`` (dims of size 1 dropped or added), then copied contiguous as a reduction's result is.
+
+    The copy costs nothing on XNNPACK, which fuses a copy of an internal value into the op that makes it
+    (``xnnguard.rewrite.norm.base.contiguous`` says why it is needed).
+    """
+    y = x if list(x.shape) == list(sizes) else reshape_to(x, sizes)
+    return torch.clone(y, memory_format=torch.contiguous_format)
 
 
 def sum_weights(lengths: Sequence[int], scale: float = 1.0) -> list[torch.Tensor]:

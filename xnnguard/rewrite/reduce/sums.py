@@ -8,7 +8,8 @@ in that one form only, so each ran on portable kernels between two delegates.
 
 The form (``xnnguard.rewrite.reduce.plan``): the reduced dims permuted behind the kept ones (only when
 they do not trail already), each summed by a ``linear`` against a constant vector (ones; ``1/K`` in the
-last one for a mean), the last linear's output viewed as the op's output (``keepdim`` or not). A
+last one for a mean), the last linear's output viewed as the op's output (``keepdim`` or not); a sum or
+mean over dims of size 1 only (S3D's head on a small input) is a view of its input. A
 variance is ``sum((x - mean)^2) / (K - correction)``, two-pass like PyTorch's, so the subtraction sees
 the mean, not a cancelling difference of large sums; ``std`` its ``sqrt``; a 2-norm ``sqrt(sum(x*x))``,
 a 1-norm ``sum(abs(x))``. Why it is exact: the same elements summed in another order (one rounding per
@@ -35,9 +36,9 @@ from xnnguard.report import Rule
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import high_rank, user_kept_out
-from xnnguard.rewrite.reduce.forms import sum_weights, trailing_sum
+from xnnguard.rewrite.reduce.forms import contiguous_view, sum_weights, trailing_sum
 from xnnguard.rewrite.reduce.keepdim_mean import is_mean_over_height_and_width
-from xnnguard.rewrite.reduce.plan import SumPlan, reduced_dims, sum_plan
+from xnnguard.rewrite.reduce.plan import SumPlan, data_dims, reduced_dims, sum_plan
 
 __all__ = ["Reduction", "RewriteSumPass", "read_reduction", "reduction_function"]
 
@@ -160,7 +161,14 @@ class RewriteSumPass(NodeRewritePass):
             return reduction
         x = node.args[0]
         assert isinstance(x, torch.fx.Node)
-        plan = sum_plan(x.meta["val"].shape, reduction.dims)
+        shape = x.meta["val"].shape
+        if reduction.kind in ("sum", "mean") and not data_dims(shape, reduction.dims):
+            output = splice_before(  # a sum or mean of one element is that element: a view
+                graph_module, node, lambda x_: contiguous_view(x_, _output_sizes(x_, reduction)), [x]
+            )
+            node.replace_all_uses_with(output)
+            return None
+        plan = sum_plan(shape, reduction.dims)
         if isinstance(plan, str):
             return plan
         if reduction.kind in ("var", "std") and plan.k - reduction.correction <= 0:
