@@ -259,6 +259,19 @@ def test_a_layer_norm_with_a_dynamic_sequence_stays_on_xnnpack_and_runs_another_
     torch.testing.assert_close(out, model(longer), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("norm", [nn.GroupNorm(4, 8), nn.InstanceNorm2d(8, affine=True)], ids=["group", "instance"])
+def test_a_group_or_instance_norm_with_a_dynamic_batch_stays_on_xnnpack_and_runs_another_batch(norm: nn.Module) -> None:
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), norm, nn.ReLU()).eval()
+    x = torch.randn(2, 4, 6, 6)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: Dim("batch", max=16)},))
+    rewriter = XnnpackRewriter(strict=True)
+    lowered = lower(rewriter(ep), (x,), xnnguard.XnnpackPartitioner())
+    assert rewriter.report == [] and lowered.outside_ops() == {}
+    bigger = torch.randn(5, 4, 6, 6)
+    (out,) = run_pte(lowered.buffer, (bigger,))
+    torch.testing.assert_close(out, model(bigger), atol=1e-4, rtol=1e-4)
+
+
 class NormThenView(nn.Module):
     """A layer norm of a permuted tensor, its result viewed: a layer norm's result is contiguous, so that is valid."""
 
