@@ -18,6 +18,7 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
     XNNPACKQuantizer as StockQuantizer,
     get_symmetric_quantization_config,
 )
+from torch.fx.passes.infra.pass_base import PassBase
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import xnnguard
@@ -63,7 +64,10 @@ def _output_scale(converted: torch.fx.GraphModule) -> float | None:
     return float(scale) if isinstance(scale, float) else None
 
 
-def int8_against_the_original(model: torch.nn.Module, x: torch.Tensor, mode: Int8) -> Int8Result:
+def int8_against_the_original(
+    model: torch.nn.Module, x: torch.Tensor, mode: Int8, rewrites: list[PassBase] | None = None
+) -> Int8Result:
+    """``rewrites``: the passes xnnguard's side runs (default: all of ``rewrite_for_xnnpack``'s)."""
     model = model.eval()
     config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=mode == "dynamic")
     ideal_model = converted_pt2e(torch.export.export(model, (x,)).module(), x, StockQuantizer().set_global(config))
@@ -72,7 +76,7 @@ def int8_against_the_original(model: torch.nn.Module, x: torch.Tensor, mode: Int
     scale = _output_scale(ideal_model) if mode == "static" else None
     step = scale if scale is not None else float(ideal.max() - ideal.min()) / 255
     quantizer = xnnguard.XNNPACKQuantizer().set_global(config)
-    rewritten = xnnguard.rewrite_for_xnnpack(torch.export.export(model, (x,)), strict=True)
+    rewritten = xnnguard.XnnpackRewriter(rewrites, strict=True)(torch.export.export(model, (x,)))
     converted = converted_pt2e(rewritten.module(), x, quantizer)
     lowered = lower(torch.export.export(converted, (x,)), (x,), xnnguard.XnnpackPartitioner())
     (out,) = run_pte(lowered.buffer, (x,))

@@ -22,6 +22,12 @@ from xnnguard.rewrite.conv3d.pool3d import RewritePool3dPass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rewrite.norm import (
+    RewriteGroupNormPass,
+    RewriteInstanceNormPass,
+    RewriteLayerNormPass,
+    RewriteRmsNormPass,
+)
 from xnnguard.rewrite.rank.cat import ReduceRankCatPass
 from xnnguard.rewrite.rank.elementwise import ReduceRankElementwisePass
 from xnnguard.rewrite.rank.fuse_views import FuseHighRankViewsPass
@@ -31,6 +37,7 @@ from xnnguard.rewrite.rank.permute import ReduceRankPermutePass
 from xnnguard.rewrite.rank.reduce_rank import ReduceRankPass
 from xnnguard.rewrite.rank.reduction import ReduceRankReductionPass
 from xnnguard.rewrite.rank.slice import ReduceRankSlicePass
+from xnnguard.rewrite.reduce import MeanKeepdimPass, RewriteExtremumPass, RewritePowerPass, RewriteSumPass
 from xnnguard.rewrite.rewrite_for_xnnpack import RewriteError, XnnpackRewriter
 from xnnguard.rewrite.runner import run_passes
 from xnnguard.rules.keep_out import keep_out_reason
@@ -96,6 +103,26 @@ CASES: dict[str, tuple[type[PassBase], Callable[[], tuple]]] = {
         FlattenHighRankLinearPass,
         _high_rank(lambda parts, y: parts[0](y), torch.nn.Linear(3, 3)),
     ),
+    "RewriteLayerNormPass": (RewriteLayerNormPass, lambda: (torch.nn.LayerNorm(4).eval(), (torch.randn(2, 3, 4),))),
+    "RewriteRmsNormPass": (RewriteRmsNormPass, lambda: (torch.nn.RMSNorm(4).eval(), (torch.randn(2, 3, 4),))),
+    "RewriteGroupNormPass": (
+        RewriteGroupNormPass,
+        lambda: (torch.nn.GroupNorm(2, 4).eval(), (torch.randn(1, 4, 3, 3),)),
+    ),
+    "RewriteInstanceNormPass": (
+        RewriteInstanceNormPass,
+        lambda: (torch.nn.InstanceNorm3d(2).eval(), (torch.randn(1, 2, 2, 3, 3),)),
+    ),
+    "MeanKeepdimPass": (
+        MeanKeepdimPass,
+        lambda: (Lambda(lambda _, x: x.mean((2, 3))).eval(), (torch.randn(1, 2, 3, 4),)),
+    ),
+    "RewriteSumPass": (RewriteSumPass, lambda: (Lambda(lambda _, x: x.mean(1)).eval(), (torch.randn(1, 2, 3, 4, 5),))),
+    "RewriteExtremumPass": (
+        RewriteExtremumPass,
+        lambda: (Lambda(lambda _, x: torch.max(x, dim=1)[0]).eval(), (torch.randn(1, 2, 3, 4),)),
+    ),
+    "RewritePowerPass": (RewritePowerPass, lambda: (Lambda(lambda _, x: x**2.0).eval(), (torch.randn(2, 3),))),
 }
 
 

@@ -36,6 +36,20 @@ class EightD(nn.Module):
         return y.reshape(x.shape[0], x.shape[1], -1)
 
 
+class Then(nn.Module):
+    """``after(op(first(x)))``: an op between two quantized ones (or after one)."""
+
+    def __init__(
+        self, first: nn.Module, op: Callable[[torch.Tensor], torch.Tensor], after: nn.Module | None = None
+    ) -> None:
+        super().__init__()
+        self.first, self.op, self.after = first, op, after
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.op(self.first(x))
+        return self.after(y) if self.after is not None else y
+
+
 def _conv(*layers: nn.Module) -> nn.Module:
     return nn.Sequential(nn.Conv3d(4, 8, 1), *layers)
 
@@ -60,6 +74,31 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "BatchNorm3d alone": (lambda: _conv(nn.ReLU(), nn.BatchNorm3d(8)), (1, 4, 4, 8, 8)),
     "8-D Linear + ReLU": (lambda: EightD(nn.Sequential(nn.Linear(6, 8), nn.ReLU())), (2, 72, 6)),
     "8-D Linear + Hardtanh": (lambda: EightD(nn.Sequential(nn.Linear(6, 8), nn.Hardtanh())), (2, 72, 6)),
+    "Conv3d + mean over (2, 3, 4)": (lambda: Then(nn.Conv3d(4, 8, 1), lambda y: y.mean((2, 3, 4))), (1, 4, 4, 6, 6)),
+    "Conv2d + channel mean + Conv2d": (
+        lambda: Then(nn.Conv2d(4, 8, 1), lambda y: y.mean(1, keepdim=True), nn.Conv2d(1, 8, 1)),
+        (1, 4, 6, 6),
+    ),
+    "Conv2d + mean over H, W without keepdim + Linear": (
+        lambda: Then(nn.Conv2d(4, 8, 1), lambda y: y.mean((2, 3)), nn.Linear(8, 4)),
+        (1, 4, 6, 6),
+    ),
+    "Linear + mean over tokens + Linear": (
+        lambda: Then(nn.Linear(8, 16), lambda y: y.mean(1), nn.Linear(16, 4)),
+        (2, 5, 8),
+    ),
+    "Conv2d + amax over channels + Conv2d": (
+        lambda: Then(nn.Conv2d(4, 8, 1), lambda y: y.amax(1, keepdim=True), nn.Conv2d(1, 8, 1)),
+        (1, 4, 6, 6),
+    ),
+    "Linear + LayerNorm + Linear": (
+        lambda: nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 8)),
+        (2, 5, 8),
+    ),
+    "Conv2d + GroupNorm + Conv2d": (
+        lambda: nn.Sequential(nn.Conv2d(4, 8, 3), nn.GroupNorm(2, 8), nn.Conv2d(8, 4, 1)),
+        (1, 4, 8, 8),
+    ),
 }
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
     from torch.fx.node import Argument
 
-__all__ = ["int_arg", "int_list"]
+__all__ = ["int_arg", "int_list", "schema_arguments"]
 
 
 def int_arg(value: Argument) -> int:
@@ -30,3 +31,13 @@ def int_list(value: Argument) -> list[int]:
     if not isinstance(value, (list, tuple)):
         raise TypeError(f"expected a list of ints, got {type(value).__name__}")
     return [int_arg(item) for item in value]
+
+
+def schema_arguments(node: torch.fx.Node) -> dict[str, Argument] | None:
+    """Every argument of an ATen op's node by its schema name, defaults filled in; None if it has no schema."""
+    from torch.fx.operator_schemas import normalize_function
+
+    if node.op != "call_function" or not callable(node.target):
+        return None
+    found = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+    return dict(found.kwargs) if found is not None else None

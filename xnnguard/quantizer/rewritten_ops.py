@@ -14,6 +14,10 @@ their own. Each piece carries a stamp (``xnnguard.rewrite.provenance``):
   data of every edge it sits on). Left to the stock annotators, the conv2d of a rewritten Conv3d would
   observe its own input, which holds each frame once per depth tap and the zero frames of the padding:
   a histogram observer then picks another scale than the original op's;
+* the float pieces of an op whose output shares its input's quantization (a mean, a share op of the
+  stock quantizer: quantized only when its input is, then at its input's scale) end in that same
+  quantization when their input is quantized (``share_input_quantization_of_rewritten_ops``): the one
+  rounding the original op has, at its scale;
 * a rewrite whose form rounds where the original does not (a Conv3d summed tap by tap) left a note,
   which becomes a record of the quantizer's report.
 """
@@ -36,7 +40,12 @@ from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rewrite.provenance import rewrite_stamp
 
-__all__ = ["keep_float_pieces", "observe_inputs_as_the_original", "rounding_notes"]
+__all__ = [
+    "keep_float_pieces",
+    "observe_inputs_as_the_original",
+    "rounding_notes",
+    "share_input_quantization_of_rewritten_ops",
+]
 
 _aten = torch.ops.aten
 # The ops a rewrite computes a quantized op with, and the argument they read the activation from.
@@ -57,6 +66,42 @@ def keep_float_pieces(model: torch.fx.GraphModule) -> list[torch.fx.Node]:
         node.meta[Q_ANNOTATION_KEY] = QuantizationAnnotation(_annotated=True)
         kept.append(node)
     return kept
+
+
+def _quantized_output(node: torch.fx.Node) -> bool:
+    annotation = node.meta.get(Q_ANNOTATION_KEY)
+    return annotation is not None and annotation.output_qspec is not None
+
+
+def share_input_quantization_of_rewritten_ops(model: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """Quantize the output of each rewritten share op whose input is quantized at that input's quantization.
+
+    The pieces stay float (``keep_float_pieces``); only the node that gives the op's result gets an
+    output spec shared with the input's, so pt2e puts the one quantize the original op had after it.
+    Returns those nodes. A rewritten op whose pieces read more than one activation, or give more than
+    one result (none of the rewrites makes one), is left as it is.
+    """
+    groups: dict[str, list[torch.fx.Node]] = defaultdict(list)
+    for node in model.graph.nodes:
+        found = rewrite_stamp(node)
+        if found is not None and found.stays_float and found.shares_input:
+            groups[found.origin].append(node)
+    shared = []
+    for nodes in groups.values():
+        members = set(nodes)
+        sources = {a for n in nodes for a in n.all_input_nodes if a not in members and a.op != "get_attr"}
+        results = [n for n in nodes if any(user not in members for user in n.users)]
+        if len(sources) != 1 or len(results) != 1:
+            continue
+        (source,), (result,) = sources, results
+        annotation = result.meta.get(Q_ANNOTATION_KEY)
+        if not _quantized_output(source) or (annotation is not None and annotation.output_qspec is not None):
+            continue
+        result.meta[Q_ANNOTATION_KEY] = QuantizationAnnotation(
+            input_qspec_map={}, output_qspec=SharedQuantizationSpec(source), _annotated=True
+        )
+        shared.append(result)
+    return shared
 
 
 def _groups(model: torch.fx.GraphModule) -> dict[str, list[torch.fx.Node]]:

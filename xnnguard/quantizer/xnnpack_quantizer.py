@@ -14,7 +14,8 @@ annotates them anyway. Here:
   convolutions together, so there the config reaches every transposed convolution.)
 * ``report`` lists every 3-D convolution after ``annotate``, and an INFO line says so;
 * the pieces of a rewritten op are quantized as that op (``xnnguard.quantizer.rewritten_ops``): those
-  of an op left float stay float, so quantizing after ``rewrite_for_xnnpack`` adds no rounding;
+  of an op left float stay float, those of a mean end at its input's quantization when that is
+  quantized, so quantizing after ``rewrite_for_xnnpack`` adds no rounding;
 * a zero pad keeps its input's quantization (``xnnguard.quantizer.shared_quantization``), so XNNPACK runs
   it int8 instead of failing to load it;
 * ``annotate`` raises ``QuantizedConv3dError`` if a 3-D convolution is annotated all the same (by a
@@ -30,11 +31,17 @@ import torch
 from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
     XNNPACKQuantizer as _StockXNNPACKQuantizer,
 )
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer_utils import propagate_annotation
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.quantizer import QuantizationConfig
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
-from xnnguard.quantizer.rewritten_ops import keep_float_pieces, observe_inputs_as_the_original, rounding_notes
+from xnnguard.quantizer.rewritten_ops import (
+    keep_float_pieces,
+    observe_inputs_as_the_original,
+    rounding_notes,
+    share_input_quantization_of_rewritten_ops,
+)
 from xnnguard.quantizer.shared_quantization import share_input_quantization
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rules.conv3d import ConvKind, conv3d_kind, is_3d_convolution, is_3d_convolution_operator
@@ -92,6 +99,8 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
         self.report = []
         keep_float_pieces(model)
         model = super().annotate(model)
+        while share_input_quantization_of_rewritten_ops(model):  # a rewritten mean is a share op too
+            propagate_annotation(model)  # to the share ops after it
         share_input_quantization(model)
         observe_inputs_as_the_original(model)
         for node in model.graph.nodes:

@@ -10,8 +10,9 @@ one sentence saying why it was left as it was). The base class does the rest the
   ``rule = None``), tagged ``DO_NOT_DELEGATE`` (unless a later pass decides about it,
   ``tags_what_it_leaves = False``), and marked as left by this pass in its meta;
 * every node a rewrite inserts is stamped with the node it replaces (``xnnguard.rewrite.provenance``):
-  ``pieces_stay_float`` when the op it replaces is one quantization leaves float, and the pass's
-  ``quantization_note`` when its form rounds where the original op does not;
+  ``pieces_stay_float`` when the op it replaces is one quantization leaves float, the pass's
+  ``shares_input_quantization`` when that op's output shares its input's quantization (a mean), and the
+  pass's ``quantization_note`` when its form rounds where the original op does not;
 * a modified graph is cleaned (dead code, attributes no node reads any more), linted and recompiled;
 * the postcondition (``ensures``): every node the pass still picks afterwards is one it marked as left,
   so a rewrite that claims success without replacing its node is caught (``PostconditionError``).
@@ -60,6 +61,10 @@ class NodeRewritePass(PassBase):
         """True when the graph has a node this pass picks (a caller may skip the pass otherwise)."""
         return any(self.picks(node) for node in graph_module.graph.nodes)
 
+    def shares_input_quantization(self, node: torch.fx.Node) -> bool:
+        """True when quantization lets ``node``'s output share its input's (a share op such as a mean)."""
+        return False
+
     def quantization_note(self, node: torch.fx.Node) -> str | None:
         """Why this pass's form of ``node``, once quantized, rounds where ``node`` does not (None: it does not)."""
         return None
@@ -86,7 +91,13 @@ class NodeRewritePass(PassBase):
                         graph.erase_node(inserted)
             if reason is None:
                 rewritten += 1
-                mark = RewriteStamp(node.name, target_name(node), self.pieces_stay_float, self.quantization_note(node))
+                mark = RewriteStamp(
+                    node.name,
+                    target_name(node),
+                    self.pieces_stay_float,
+                    self.quantization_note(node),
+                    self.shares_input_quantization(node),
+                )
                 for inserted in (n for n in graph.nodes if n not in before):
                     stamp(inserted, mark)
                 continue

@@ -22,7 +22,9 @@ from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.conv3d.conv_transpose3d import RewriteConvTranspose3dPass
 from xnnguard.rewrite.conv3d.fold_batch_norm3d import FoldBatchNorm3dPass
 from xnnguard.rewrite.conv3d.pool3d import RewritePool3dPass
+from xnnguard.rewrite.norm import passes as norm_passes
 from xnnguard.rewrite.rank.reduce_rank import ReduceRankPass
+from xnnguard.rewrite.reduce import passes as reduce_passes
 from xnnguard.rewrite.reexport import export_again
 from xnnguard.rewrite.runner import RewriteError, run_passes
 from xnnguard.rules.tagged import tag, tag_of
@@ -35,8 +37,10 @@ logger = logging.getLogger("xnnguard.rewrite")
 def default_rewrites(*, strict: bool = False) -> list[PassBase]:
     """The rewrites, in the order they run (a plain list: add or drop passes freely).
 
-    Batch norms fold into their 3-D conv before it is rewritten; the rank reduction runs last, over the
-    views the 3-D rewrites leave too.
+    Batch norms fold into their 3-D conv before it is rewritten; the rank reduction runs over the views
+    the 3-D rewrites leave too. The normalizations and reductions run after it: it brings a layer norm or
+    a reduction above 6 dims to merged dims (and tags what it cannot), and they then rewrite ops of at most
+    6 dims only, so no op is handled by both.
     """
     return [
         FoldBatchNorm3dPass(),
@@ -45,6 +49,8 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
         RewriteConvTranspose3dPass(),
         RewritePool3dPass(),
         ReduceRankPass(strict=strict),
+        *norm_passes(),
+        *reduce_passes(),
     ]
 
 

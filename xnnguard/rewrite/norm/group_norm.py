@@ -1,0 +1,95 @@
+"""Group norms as fully connected, elementwise and ``rsqrt`` ops XNNPACK runs.
+
+Invariant established: no float32 ``group_norm`` / ``native_group_norm`` (its mean and rstd unused) with
+static channels and positions, of a tensor within XNNPACK's rank limit, is left. ExecuTorch 1.5.1's XNNPACK
+partitioner has no config for it, so every block of a MONAI-style 3-D UNet or a video VAE ran one on
+portable kernels between two delegates.
+
+A group norm of ``(N, C, *S)`` in ``G`` groups normalizes each group's ``C/G * prod(S)`` elements: the
+input viewed as ``(N, G, C/G, *S)`` (a split of the channels: a view for any strides; not needed for
+one group or one channel per group), ``statistics`` (``xnnguard.rewrite.norm.base``) over its trailing
+dims, then per channel ``scale = rstd * weight`` and ``shift = bias - mean * scale`` (``(N, C)`` values)
+and ``y = x * scale + shift`` on the input as it is: one multiply and one add over the tensor, PyTorch's
+own CPU kernel's form. A dynamic batch is kept (written ``-1``). ``group_norm_form`` is shared with
+instance norm (``G = C``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+
+from xnnguard.graph.args import int_arg, schema_arguments
+from xnnguard.rewrite.norm.base import Form, NormRewritePass, Operand, affine_operand, eps_constant, shaped, statistics
+from xnnguard.rewrite.reduce.forms import reshape_to, sum_weights
+from xnnguard.rewrite.reduce.plan import SumPlan
+from xnnguard.rules.rank_limit import exceeds_rank_limit
+
+__all__ = ["RewriteGroupNormPass", "group_norm_form"]
+
+_aten = torch.ops.aten
+
+
+def group_norm_form(
+    graph_module: torch.fx.GraphModule, x: torch.fx.Node, groups: int, weight: object, bias: object, eps: object
+) -> Form | str:
+    """The form of ``group_norm(x, groups, weight, bias, eps)``, or why there is none."""
+    shape = x.meta["val"].shape
+    if len(shape) < 2 or not all(isinstance(size, int) for size in shape[1:]):
+        return "its channels or positions are dynamic"
+    if not isinstance(eps, float | int):
+        return "its eps is not a constant"
+    channels, positions = int(shape[1]), [int(size) for size in shape[2:]]
+    if groups <= 0 or channels % groups:
+        return f"{channels} channels do not split into {groups} groups"
+    per_group = channels // groups
+    if per_group * math.prod(positions) <= 1:
+        return "it normalizes groups of one element (or none)"
+    split = 1 < groups < channels
+    if split and exceeds_rank_limit(len(shape) + 1):
+        return f"its channels split into groups make {len(shape) + 1} dims"
+    ones = [1] * len(positions)
+    if split:  # statistics over the trailing (C/G, *S) of (N, G, C/G, *S)
+        plan, affine_shape = SumPlan(None, (per_group, *positions)), [groups, per_group, *ones]
+    else:  # over (C, *S) for one group, over S for one channel per group
+        plan = SumPlan(None, (channels, *positions) if groups == 1 else tuple(positions))
+        affine_shape = [channels, *ones]
+    scale = affine_operand(graph_module, weight, affine_shape)
+    shift = affine_operand(graph_module, bias, affine_shape)
+    if scale is None:
+        scale = torch.ones(affine_shape)
+    if shift is None:
+        shift = torch.zeros(affine_shape)
+    averages = sum_weights(plan.stages, 1.0 / plan.k)
+
+    def group_norm(x_: torch.Tensor, eps_: torch.Tensor, weight_: torch.Tensor, bias_: torch.Tensor,
+                   *weights: torch.Tensor) -> torch.Tensor:
+        batch = x_.shape[0]
+        grouped = reshape_to(x_, [batch, groups, per_group, *positions]) if split else x_
+        mean, _, rstd = statistics(grouped, plan, weights, eps_)
+        per_channel = rstd * shaped(weight_, affine_shape)
+        offset = shaped(bias_, affine_shape) - mean * per_channel
+        if split:  # (N, G, C/G, 1...) -> (N, C, 1...): fresh tensors, merged by a view
+            per_channel = reshape_to(per_channel, [batch, channels, *ones])
+            offset = reshape_to(offset, [batch, channels, *ones])
+        return x_ * per_channel + offset
+
+    operands: list[Operand] = [x, eps_constant(float(eps)), scale, shift, *averages]
+    return group_norm, operands
+
+
+class RewriteGroupNormPass(NormRewritePass):
+    """Replaces each group norm by linears against ``1/K`` over its groups and a per-channel ``x * scale + shift``."""
+
+    subject = "group norm"
+    targets: ClassVar[dict[object, bool]] = {_aten.group_norm.default: False, _aten.native_group_norm.default: True}
+
+    def form(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> Form | str:
+        arguments = schema_arguments(node) or {}
+        x = arguments["input"]
+        assert isinstance(x, torch.fx.Node)
+        groups = int_arg(arguments["num_groups"] if "num_groups" in arguments else arguments["group"])
+        return group_norm_form(graph_module, x, groups, arguments.get("weight"), arguments.get("bias"),
+                               arguments.get("eps"))

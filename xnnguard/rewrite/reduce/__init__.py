@@ -1,0 +1,29 @@
+"""Reductions and small powers as ops XNNPACK runs: sums, means, variances, norms, maxima, minima, ``x ** n``.
+
+ExecuTorch 1.5.1's XNNPACK partitioner takes a mean as 4-D global average pooling only, a max over H
+or W of a 4-D tensor only, and ``pow`` with the int exponent 2 only; it has no config for sum, var,
+amax or amin. The rewrites: ``keepdim_mean`` (a 4-D mean over H and W in the one written form 1.5.1
+takes), ``sums`` (sum, mean, var, std, vector norm as linears against constant vectors), ``extrema``
+(max and min as trees of ``maximum``/``minimum`` of slices), ``power``; ``plan`` holds the arithmetic
+of which view and permute gather a reduction's elements, ``forms`` the plain-PyTorch forms.
+"""
+
+from __future__ import annotations
+
+from torch.fx.passes.infra.pass_base import PassBase
+
+from xnnguard.rewrite.reduce.extrema import RewriteExtremumPass
+from xnnguard.rewrite.reduce.keepdim_mean import MeanKeepdimPass
+from xnnguard.rewrite.reduce.power import RewritePowerPass
+from xnnguard.rewrite.reduce.sums import RewriteSumPass
+
+__all__ = ["MeanKeepdimPass", "RewriteExtremumPass", "RewritePowerPass", "RewriteSumPass", "passes"]
+
+
+def passes() -> list[PassBase]:
+    """The reduction rewrites, after ``ReduceRankPass`` (which merges the dims of one above 6 dims).
+
+    The power comes first so that a ``x ** 2.0`` under a mean is a multiply before the mean is rewritten
+    (no order is needed for correctness). ``MeanKeepdimPass`` and ``RewriteSumPass`` pick disjoint means.
+    """
+    return [RewritePowerPass(), MeanKeepdimPass(), RewriteSumPass(), RewriteExtremumPass()]
