@@ -18,6 +18,7 @@ from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.conv3d.conv_transpose3d import RewriteConvTranspose3dPass
 from xnnguard.rewrite.conv3d.fold_batch_norm3d import FoldBatchNorm3dPass
 from xnnguard.rewrite.conv3d.pool3d import RewritePool3dPass
+from xnnguard.rewrite.fold.fold_constants import FoldConstantsPass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
@@ -96,6 +97,15 @@ CASES: dict[str, tuple[type[PassBase], Callable[[], tuple]]] = {
         _high_rank(lambda parts, y: parts[0](y), torch.nn.Linear(3, 3)),
     ),
 }
+
+
+CASES.update({
+    "FoldConstantsPass": (
+        FoldConstantsPass,
+        lambda: (Lambda(lambda parts, x: x + parts[0].weight.t().cumsum(0), torch.nn.Linear(2, 3)).eval(),
+                 (torch.randn(2, 3),)),
+    ),
+})
 
 
 def _graph(build: Callable[[], tuple]) -> torch.fx.GraphModule:

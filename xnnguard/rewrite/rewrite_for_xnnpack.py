@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.report import KeptOut, summarize
+from xnnguard.rewrite import fold
 from xnnguard.rewrite.conv3d.batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.conv3d.conv_transpose3d import RewriteConvTranspose3dPass
@@ -35,10 +36,13 @@ logger = logging.getLogger("xnnguard.rewrite")
 def default_rewrites(*, strict: bool = False) -> list[PassBase]:
     """The rewrites, in the order they run (a plain list: add or drop passes freely).
 
-    Batch norms fold into their 3-D conv before it is rewritten; the rank reduction runs last, over the
-    views the 3-D rewrites leave too.
+    Constants fold first (the later rewrites see a computed weight or mask as a constant), then the
+    views, upsampling and attention families move what has no XNNPACK config into forms it runs; batch
+    norms fold into their 3-D conv before it is rewritten; the rank reduction runs last, over the views
+    the 3-D rewrites leave too.
     """
     return [
+        *fold.passes(),
         FoldBatchNorm3dPass(),
         RewriteBatchNorm3dPass(),
         RewriteConv3dPass(),
