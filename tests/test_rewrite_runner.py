@@ -33,6 +33,12 @@ from xnnguard.rewrite.rank.reduction import ReduceRankReductionPass
 from xnnguard.rewrite.rank.slice import ReduceRankSlicePass
 from xnnguard.rewrite.rewrite_for_xnnpack import RewriteError, XnnpackRewriter
 from xnnguard.rewrite.runner import run_passes
+from xnnguard.rewrite.views.expand import BroadcastViewsPass
+from xnnguard.rewrite.views.inplace_updates import InPlaceSliceUpdatesPass
+from xnnguard.rewrite.views.matmul import MatmulAsBmmPass
+from xnnguard.rewrite.views.roll import RollAsSlicesPass
+from xnnguard.rewrite.views.slices import ViewsAsSlicesPass
+from xnnguard.rewrite.views.strided_slice import StridedSliceAsReshapePass
 from xnnguard.rules.keep_out import keep_out_reason
 from xnnguard.tagging import DO_NOT_DELEGATE, TagConv3dPass, TagHighRankPass
 
@@ -99,12 +105,31 @@ CASES: dict[str, tuple[type[PassBase], Callable[[], tuple]]] = {
 }
 
 
+def _elementwise(fn: Callable[..., torch.Tensor], *shapes: tuple[int, ...]) -> Callable[[], tuple]:
+    """A model computing ``fn(*inputs)`` on inputs of ``shapes``."""
+    return lambda: (Lambda(lambda _, *xs: fn(*xs)).eval(), tuple(torch.randn(shape) for shape in shapes))
+
+
+def _slice_update(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    y[:, 1:] += 1.0
+    return y
+
+
 CASES.update({
     "FoldConstantsPass": (
         FoldConstantsPass,
         lambda: (Lambda(lambda parts, x: x + parts[0].weight.t().cumsum(0), torch.nn.Linear(2, 3)).eval(),
                  (torch.randn(2, 3),)),
     ),
+    "InPlaceSliceUpdatesPass": (InPlaceSliceUpdatesPass, _elementwise(_slice_update, (2, 3))),
+    "ViewsAsSlicesPass": (ViewsAsSlicesPass, _elementwise(lambda x: (x * 2)[:, 1].squeeze(0), (1, 3, 4))),
+    "StridedSliceAsReshapePass": (StridedSliceAsReshapePass, _elementwise(lambda x: (x * 2)[:, ::2], (2, 6))),
+    "RollAsSlicesPass": (RollAsSlicesPass, _elementwise(lambda x: torch.roll(x, 2, 1), (2, 6))),
+    "BroadcastViewsPass": (
+        BroadcastViewsPass, _elementwise(lambda x: torch.cat([x.expand(2, 3), x.repeat(2, 1)]), (1, 3))
+    ),
+    "MatmulAsBmmPass": (MatmulAsBmmPass, _elementwise(torch.matmul, (2, 2, 3, 4), (2, 2, 4, 5))),
 })
 
 
