@@ -33,6 +33,7 @@ from xnnguard.rewrite.rank.reduction import ReduceRankReductionPass
 from xnnguard.rewrite.rank.slice import ReduceRankSlicePass
 from xnnguard.rewrite.rewrite_for_xnnpack import RewriteError, XnnpackRewriter
 from xnnguard.rewrite.runner import run_passes
+from xnnguard.rewrite.upsample.nearest import NearestUpsamplePass
 from xnnguard.rewrite.views.expand import BroadcastViewsPass
 from xnnguard.rewrite.views.inplace_updates import InPlaceSliceUpdatesPass
 from xnnguard.rewrite.views.matmul import MatmulAsBmmPass
@@ -130,6 +131,9 @@ CASES.update({
         BroadcastViewsPass, _elementwise(lambda x: torch.cat([x.expand(2, 3), x.repeat(2, 1)]), (1, 3))
     ),
     "MatmulAsBmmPass": (MatmulAsBmmPass, _elementwise(torch.matmul, (2, 2, 3, 4), (2, 2, 4, 5))),
+    "NearestUpsamplePass": (
+        NearestUpsamplePass, _elementwise(lambda x: F.interpolate(x, scale_factor=2), (1, 2, 3, 4))
+    ),
 })
 
 

@@ -17,7 +17,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.report import KeptOut, summarize
-from xnnguard.rewrite import fold, views
+from xnnguard.rewrite import fold, upsample, views
 from xnnguard.rewrite.conv3d.batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.conv3d.conv_transpose3d import RewriteConvTranspose3dPass
@@ -44,6 +44,7 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
     return [
         *fold.passes(),
         *views.passes(),
+        *upsample.passes(),
         FoldBatchNorm3dPass(),
         RewriteBatchNorm3dPass(),
         RewriteConv3dPass(),
