@@ -13,6 +13,7 @@ from torch.fx.passes.infra.pass_base import PassBase
 import xnnguard
 from xnnguard.pass_result import ReportedPassResult
 from xnnguard.report import Rule
+from xnnguard.rewrite.attention.sdpa import AttentionAsBmmPass
 from xnnguard.rewrite.conv3d.batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.conv3d.conv_transpose3d import RewriteConvTranspose3dPass
@@ -134,6 +135,7 @@ CASES.update({
     "NearestUpsamplePass": (
         NearestUpsamplePass, _elementwise(lambda x: F.interpolate(x, scale_factor=2), (1, 2, 3, 4))
     ),
+    "AttentionAsBmmPass": (AttentionAsBmmPass, _elementwise(F.scaled_dot_product_attention, *[(1, 2, 5, 4)] * 3)),
 })
 
 

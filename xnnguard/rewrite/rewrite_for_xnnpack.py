@@ -17,7 +17,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.report import KeptOut, summarize
-from xnnguard.rewrite import fold, upsample, views
+from xnnguard.rewrite import attention, fold, upsample, views
 from xnnguard.rewrite.conv3d.batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.conv3d.conv_transpose3d import RewriteConvTranspose3dPass
@@ -45,6 +45,7 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
         *fold.passes(),
         *views.passes(),
         *upsample.passes(),
+        *attention.passes(),
         FoldBatchNorm3dPass(),
         RewriteBatchNorm3dPass(),
         RewriteConv3dPass(),
