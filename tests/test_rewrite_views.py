@@ -312,7 +312,11 @@ DELEGATED: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], int]] = {
     "expand": (lambda y: torch.cat([y, y[:, :1].expand(2, 12, 8)], -1), 16),
     "repeat": (lambda y: y.repeat(1, 1, 2), 16),
     "batched matmul": (lambda y: y.reshape(2, 3, 4, 8) @ y.reshape(2, 3, 8, 4), 4),
-    "einsum": (lambda y: torch.einsum("bnhc,hkc->bnhk", y.reshape(2, 12, 2, 4), y[0, :4].reshape(2, 4, 4)[:, :2]), 2),
+    "einsum": (  # MViT's relative-position einsum on a 6-D query: decomposed, it is 7-D
+        lambda y: torch.einsum("bythwc,hkc->bythwk", y.reshape(2, 2, 2, 3, 2, 4), y[0, :3].reshape(3, 2, 4))
+        .reshape(2, 12, 4),
+        4,
+    ),
     "in-place slice update": (_update, 8),
 }
 
