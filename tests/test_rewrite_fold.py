@@ -89,6 +89,19 @@ class RelativeBias(torch.nn.Module):
         return scores + self.table[offsets.long()].permute(2, 0, 1)
 
 
+class OneHeadRelativeBias(torch.nn.Module):
+    """A one-head relative-position bias: the folded value is a permuted gather with size-1 dims."""
+
+    def __init__(self, size: int = 6) -> None:
+        super().__init__()
+        self.size = size
+        self.table = torch.nn.Parameter(torch.randn(2 * size - 1, 1))
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        offsets = torch.arange(self.size)[:, None] - torch.arange(self.size)[None, :] + (self.size - 1)
+        return scores + self.table[offsets].permute(2, 0, 1).unsqueeze(0)
+
+
 # ---------------------------------------------------------------- the values are the ones eager computes
 
 
@@ -238,6 +251,7 @@ def test_constant_value_refuses_a_tensor_written_in_place_by_a_non_constant() ->
 FOLDED: dict[str, tuple[type[torch.nn.Module], tuple[int, ...]]] = {
     "qkv bias": (QkvBias, (2, 5, 16)),
     "relative-position bias": (RelativeBias, (1, 2, 6, 6)),
+    "one-head relative-position bias": (OneHeadRelativeBias, (4, 1, 6, 6)),
     "shifted-window mask": (lambda: ShiftedWindowScores((8, 8), (4, 4), (2, 2)), (4, 16, 16)),  # type: ignore[dict-item]
 }
 
@@ -280,3 +294,12 @@ def test_with_a_dynamic_batch_the_bias_still_folds_and_the_program_runs_at_other
     for size in (2, 7, 1):
         x = torch.randn(size, 5, 16)
         torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_folded_value_is_stored_with_the_strides_of_a_fresh_tensor() -> None:
+    """A permuted gather with size-1 dims is contiguous to torch with strides (1, 1, 6, 1); ExecuTorch reads a
+    dim order from those strides, and the XNNPACK delegate then fails at run time ("Propagating input shapes")."""
+    folded = _folded(OneHeadRelativeBias(), torch.randn(4, 1, 6, 6))
+    (constant,) = [n for n in folded.graph.nodes if n.op == "get_attr"]
+    value = getattr(folded, constant.target)
+    assert value.stride() == torch.empty(value.shape).stride()
