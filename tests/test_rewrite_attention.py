@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 from tests.int8_reference import Int8, int8_against_the_original, no_new_scales
 from tests.rewrite_support import lower_and_run
 from xnnguard.graph.ops import target_name
+from xnnguard.report import Rule
 from xnnguard.rewrite.attention.sdpa import AttentionAsBmmPass, attention_as_bmm
 from xnnguard.rewrite.runner import run_passes
 
@@ -45,6 +46,12 @@ def _attentions(model: torch.nn.Module, x: torch.Tensor) -> int:
     graph_module = torch.export.export(model, (x,)).module()
     run_passes([AttentionAsBmmPass()], graph_module, strict=True)
     return sum("scaled_dot_product_attention" in target_name(n) for n in graph_module.graph.nodes)
+
+
+def test_a_masked_attention_is_left_and_reported_with_why() -> None:
+    graph_module = torch.export.export(Attention(attn_mask=torch.zeros(5, 5)).eval(), (torch.randn(1, 5, 16),)).module()
+    (record,) = run_passes([AttentionAsBmmPass()], graph_module, strict=True).report
+    assert record.rule is Rule.NOT_REWRITTEN and "mask" in record.reason
 
 
 def test_a_masked_or_causal_attention_is_left() -> None:

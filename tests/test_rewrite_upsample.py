@@ -13,9 +13,11 @@ from tests.int8_reference import Int8, int8_against_the_original, no_new_scales
 from tests.rewrite_support import lower_and_run
 from tests.support import lower, run_pte
 from xnnguard.graph.ops import target_name
+from xnnguard.report import Rule
 from xnnguard.rewrite.rewrite_for_xnnpack import rewrite_for_xnnpack
 from xnnguard.rewrite.runner import run_passes
 from xnnguard.rewrite.upsample.nearest import NearestUpsamplePass, nearest_upsample
+from xnnguard.rules.tagged import tag_of
 
 
 class Upsample(torch.nn.Module):
@@ -69,11 +71,14 @@ def test_each_integer_nearest_upsampling_is_rewritten_within_6_dims(shape: tuple
     torch.testing.assert_close(graph_module(x), model(x), atol=0, rtol=0)
 
 
-def test_an_upsampling_to_a_size_that_is_not_a_multiple_is_left() -> None:
+def test_an_upsampling_to_a_size_that_is_not_a_multiple_is_left_and_reported() -> None:
     model, x = Upsample(size=(7, 9), mode="nearest"), torch.randn(1, 2, 4, 5)
     graph_module = torch.export.export(model, (x,)).module()
-    run_passes([NearestUpsamplePass()], graph_module, strict=True)
+    result = run_passes([NearestUpsamplePass()], graph_module, strict=True)
     assert _upsamples(graph_module) != []
+    (record,) = result.report
+    assert record.rule is Rule.NOT_REWRITTEN and "not an integer multiple" in record.reason
+    assert not tag_of(next(n for n in graph_module.graph.nodes if "upsample" in target_name(n)))  # XNNPACK may try
 
 
 def test_a_scale_that_is_not_the_size_ratio_is_left() -> None:

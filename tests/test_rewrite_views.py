@@ -15,6 +15,7 @@ from tests.int8_reference import Int8, int8_against_the_original, no_new_scales
 from tests.rewrite_support import Precision, lower_and_run
 from tests.support import lower, run_pte
 from xnnguard.graph.ops import target_name
+from xnnguard.report import Rule
 from xnnguard.rewrite.rewrite_for_xnnpack import rewrite_for_xnnpack
 from xnnguard.rewrite.runner import run_passes
 from xnnguard.rewrite.views.expand import BroadcastViewsPass, repeat_by_broadcast
@@ -178,6 +179,15 @@ def test_each_view_becomes_slices_and_reshapes_with_the_same_values(name: str) -
     graph_module = _rewritten(VIEWS[name], [ViewsAsSlicesPass()], x)
     assert not {"select", "squeeze", "unbind", "split", "split_with_sizes", "chunk", "alias"} & set(_ops(graph_module))
     torch.testing.assert_close(graph_module(x), VIEWS[name](x), atol=0, rtol=0)
+
+
+def test_a_select_along_a_dynamic_dim_is_left_and_reported() -> None:
+    x = torch.randn(3, 4)
+    ep = torch.export.export(Fn(lambda v: v.select(0, 1) * 2), (x,), dynamic_shapes=(({0: torch.export.Dim("n")},),))
+    graph_module = ep.module()
+    (record,) = run_passes([ViewsAsSlicesPass()], graph_module, strict=True).report
+    assert record.rule is Rule.NOT_REWRITTEN and "dynamic size" in record.reason
+    torch.testing.assert_close(graph_module(torch.randn(5, 4)).shape, torch.Size([4]))
 
 
 def test_an_unsqueeze_of_the_trailing_dim_is_left_as_xnnpack_takes_it() -> None:
