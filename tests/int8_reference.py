@@ -26,7 +26,7 @@ from tests.support import Lowered, lower, run_pte
 
 Int8 = Literal["static", "dynamic"]
 
-__all__ = ["Int8", "Int8Result", "activation_scales", "converted_pt2e", "int8_against_the_original"]
+__all__ = ["Int8", "Int8Result", "activation_scales", "converted_pt2e", "int8_against_the_original", "no_new_scales"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +82,13 @@ def int8_against_the_original(
     (out,) = run_pte(lowered.buffer, (x,))
     steps = float((out - ideal).abs().max()) / step
     return Int8Result(steps, lowered, quantizer, activation_scales(converted), activation_scales(ideal_model))
+
+
+def no_new_scales(result: Int8Result, rel: float = 1e-4) -> bool:
+    """True when xnnguard's converted model quantizes activations only at scales the original's has.
+
+    Equal up to ``rel``: a rewritten op computes its output with other float roundings (a Conv3d as
+    conv2d over frames), so an observer's min/max, and the scale, can differ in the last digits. Fewer
+    scales are fine: a rewrite may drop a requantization the original has.
+    """
+    return all(any(abs(a - b) <= rel * max(a, b) for b in result.ideal_scales) for a in result.scales)

@@ -14,11 +14,13 @@ from torch.fx.passes.infra.pass_base import PassBase
 import xnnguard
 from xnnguard.pass_result import ReportedPassResult
 from xnnguard.report import Rule
+from xnnguard.rewrite.attention.sdpa import AttentionAsBmmPass
 from xnnguard.rewrite.conv3d.batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.conv3d.conv_transpose3d import RewriteConvTranspose3dPass
 from xnnguard.rewrite.conv3d.fold_batch_norm3d import FoldBatchNorm3dPass
 from xnnguard.rewrite.conv3d.pool3d import RewritePool3dPass
+from xnnguard.rewrite.fold.fold_constants import FoldConstantsPass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
@@ -40,6 +42,13 @@ from xnnguard.rewrite.rank.slice import ReduceRankSlicePass
 from xnnguard.rewrite.reduce import MeanKeepdimPass, RewriteExtremumPass, RewritePowerPass, RewriteSumPass
 from xnnguard.rewrite.rewrite_for_xnnpack import RewriteError, XnnpackRewriter
 from xnnguard.rewrite.runner import run_passes
+from xnnguard.rewrite.upsample.nearest import NearestUpsamplePass
+from xnnguard.rewrite.views.expand import BroadcastViewsPass
+from xnnguard.rewrite.views.inplace_updates import InPlaceSliceUpdatesPass
+from xnnguard.rewrite.views.matmul import MatmulAsBmmPass
+from xnnguard.rewrite.views.roll import RollAsSlicesPass
+from xnnguard.rewrite.views.slices import ViewsAsSlicesPass
+from xnnguard.rewrite.views.strided_slice import StridedSliceAsReshapePass
 from xnnguard.rules.keep_out import keep_out_reason
 from xnnguard.tagging import DO_NOT_DELEGATE, TagConv3dPass, TagHighRankPass
 
@@ -124,6 +133,38 @@ CASES: dict[str, tuple[type[PassBase], Callable[[], tuple]]] = {
     ),
     "RewritePowerPass": (RewritePowerPass, lambda: (Lambda(lambda _, x: x**2.0).eval(), (torch.randn(2, 3),))),
 }
+
+
+def _elementwise(fn: Callable[..., torch.Tensor], *shapes: tuple[int, ...]) -> Callable[[], tuple]:
+    """A model computing ``fn(*inputs)`` on inputs of ``shapes``."""
+    return lambda: (Lambda(lambda _, *xs: fn(*xs)).eval(), tuple(torch.randn(shape) for shape in shapes))
+
+
+def _slice_update(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    y[:, 1:] += 1.0
+    return y
+
+
+CASES.update({
+    "FoldConstantsPass": (
+        FoldConstantsPass,
+        lambda: (Lambda(lambda parts, x: x + parts[0].weight.t().cumsum(0), torch.nn.Linear(2, 3)).eval(),
+                 (torch.randn(2, 3),)),
+    ),
+    "InPlaceSliceUpdatesPass": (InPlaceSliceUpdatesPass, _elementwise(_slice_update, (2, 3))),
+    "ViewsAsSlicesPass": (ViewsAsSlicesPass, _elementwise(lambda x: (x * 2)[:, 1].squeeze(0), (1, 3, 4))),
+    "StridedSliceAsReshapePass": (StridedSliceAsReshapePass, _elementwise(lambda x: (x * 2)[:, ::2], (2, 6))),
+    "RollAsSlicesPass": (RollAsSlicesPass, _elementwise(lambda x: torch.roll(x, 2, 1), (2, 6))),
+    "BroadcastViewsPass": (
+        BroadcastViewsPass, _elementwise(lambda x: torch.cat([x.expand(2, 3), x.repeat(2, 1)]), (1, 3))
+    ),
+    "MatmulAsBmmPass": (MatmulAsBmmPass, _elementwise(torch.matmul, (2, 2, 3, 4), (2, 2, 4, 5))),
+    "NearestUpsamplePass": (
+        NearestUpsamplePass, _elementwise(lambda x: F.interpolate(x, scale_factor=2), (1, 2, 3, 4))
+    ),
+    "AttentionAsBmmPass": (AttentionAsBmmPass, _elementwise(F.scaled_dot_product_attention, *[(1, 2, 5, 4)] * 3)),
+})
 
 
 def _graph(build: Callable[[], tuple]) -> torch.fx.GraphModule:

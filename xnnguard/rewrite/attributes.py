@@ -41,7 +41,9 @@ def constant_attribute(graph_module: torch.fx.GraphModule, base: str, tensor: to
     while hasattr(graph_module, name):
         suffix += 1
         name = f"{PREFIX}{base}_{suffix}"
-    tensor = tensor.detach().contiguous()
+    # canonical strides, size-1 dims too: ExecuTorch derives a tensor's dim order from its strides, and a
+    # folded (1, 1, n, n) value with strides (1, 1, n, 1) is "contiguous" to torch but not to XNNPACK
+    tensor = tensor.detach().clone(memory_format=torch.contiguous_format)
     if tensor.is_floating_point():
         graph_module.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=False))
     else:

@@ -1,0 +1,78 @@
+"""Unmasked scaled dot-product attention as bmm, softmax, bmm: same values, inside one delegate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from tests.int8_reference import Int8, int8_against_the_original, no_new_scales
+from tests.rewrite_support import lower_and_run
+from xnnguard.graph.ops import target_name
+from xnnguard.report import Rule
+from xnnguard.rewrite.attention.sdpa import AttentionAsBmmPass, attention_as_bmm
+from xnnguard.rewrite.runner import run_passes
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, dim: int = 16, heads: int = 2, **options: object) -> None:
+        super().__init__()
+        self.heads, self.options = heads, options
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, **self.options)  # type: ignore[arg-type]
+        return self.proj(y.transpose(1, 2).reshape(b, n, c))
+
+
+@settings(derandomize=True, max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(1, 3), min_size=1, max_size=3), st.integers(1, 6), st.integers(1, 6),
+    st.integers(1, 8), st.integers(1, 8), st.sampled_from([None, 0.3]),
+)
+def test_bmm_softmax_bmm_equals_attention(
+    batch: list[int], queries: int, keys: int, embed: int, embed_v: int, scale: float | None
+) -> None:
+    q, k, v = torch.randn(*batch, queries, embed), torch.randn(*batch, keys, embed), torch.randn(*batch, keys, embed_v)
+    factor = scale if scale is not None else embed**-0.5
+    expected = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    torch.testing.assert_close(attention_as_bmm(q, k, v, factor), expected, atol=1e-5, rtol=1e-5)
+
+
+def _attentions(model: torch.nn.Module, x: torch.Tensor) -> int:
+    graph_module = torch.export.export(model, (x,)).module()
+    run_passes([AttentionAsBmmPass()], graph_module, strict=True)
+    return sum("scaled_dot_product_attention" in target_name(n) for n in graph_module.graph.nodes)
+
+
+def test_a_masked_attention_is_left_and_reported_with_why() -> None:
+    graph_module = torch.export.export(Attention(attn_mask=torch.zeros(5, 5)).eval(), (torch.randn(1, 5, 16),)).module()
+    (record,) = run_passes([AttentionAsBmmPass()], graph_module, strict=True).report
+    assert record.rule is Rule.NOT_REWRITTEN and "mask" in record.reason
+
+
+def test_a_masked_or_causal_attention_is_left() -> None:
+    x = torch.randn(1, 5, 16)
+    assert _attentions(Attention(is_causal=True).eval(), x) == 1
+    assert _attentions(Attention(attn_mask=torch.zeros(5, 5)).eval(), x) == 1
+    assert _attentions(Attention().eval(), x) == 0
+
+
+def test_an_attention_block_lowers_to_one_delegate_and_matches_eager() -> None:
+    torch.manual_seed(0)
+    lowered, out, reference, tolerance = lower_and_run(Attention().eval(), torch.randn(1, 6, 16), "float")
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1, lowered.outside_ops()
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_an_attention_block_in_int8_is_one_delegate_within_two_steps_of_the_original(mode: Int8) -> None:
+    torch.manual_seed(0)
+    result = int8_against_the_original(Attention(), torch.randn(1, 6, 16), mode)
+    assert result.lowered.outside_ops() == {} and result.lowered.num_delegates == 1, result.lowered.outside_ops()
+    assert result.steps <= 2, f"{result.steps:.2f} quantization steps from the original quantized"
+    if mode == "static":
+        assert no_new_scales(result), (result.scales, result.ideal_scales)  # no rounding the original lacks

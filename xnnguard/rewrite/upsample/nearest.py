@@ -1,0 +1,145 @@
+"""Nearest upsampling by integer factors, 1-D, 2-D and 3-D, as broadcasting multiplies XNNPACK runs.
+
+Invariant established: no ``upsample_nearest{1,2,3}d`` / ``_upsample_nearest_exact{1,2,3}d`` whose output
+is an integer multiple of its input along every spatial dim, with static spatial sizes, is left. XNNPACK
+has no nearest resize; ExecuTorch 1.5.1 ran the 2-D one on its portable kernel and decomposed the 3-D one
+(VAE and 3-D UNet decoders) into ``arange`` / ``index`` gathers with ``unsqueeze`` and dtype casts around
+them, all outside the delegates.
+
+The form: upsampling by ``f`` along a dim repeats each element ``f`` times in place (``repeat_interleave``),
+which is the tensor viewed with a size-1 dim after that dim, multiplied by ``ones`` of size ``f`` there
+(XNNPACK's multiply broadcasts), and reshaped (``xnnguard.rewrite.views.expand.broadcast_form``: dims that
+are not upsampled merge). The leading (batch, channel) dims merge into one, so a 2-D upsampling is a 5-D
+multiply at most; a 3-D one runs in two stages, (H, W) with the frames merged into the rows and then D,
+each within 6 dims. A dynamic batch stays dynamic.
+
+Why it is exact: ``x * 1.0`` is ``x``, and the reshapes move no element. Which source element each output
+element takes is checked against the op itself at rewrite time: the op is run on a tensor of its input's
+spatial shape holding each element's index, and the rewrite applies only when that gives the integer
+replication (``nearest`` and ``nearest-exact`` both do for integer factors; a scale that is not the size
+ratio would not).
+
+int8: the stock quantizer leaves nearest upsampling float; so are its pieces (``pieces_stay_float``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from xnnguard.graph.shapes import tensor_value
+from xnnguard.report import Rule
+from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rewrite.views.base import replace_by, view_sizes
+from xnnguard.rewrite.views.expand import broadcast_form
+from xnnguard.rules.tagged import tag_of
+
+__all__ = ["NearestUpsamplePass", "nearest_upsample", "upsample_stages"]
+
+_aten = torch.ops.aten
+NEAREST_UPSAMPLES = frozenset({
+    _aten.upsample_nearest1d.vec, _aten.upsample_nearest2d.vec, _aten.upsample_nearest3d.vec,
+    _aten.upsample_nearest1d.default, _aten.upsample_nearest2d.default, _aten.upsample_nearest3d.default,
+    _aten._upsample_nearest_exact1d.vec, _aten._upsample_nearest_exact2d.vec, _aten._upsample_nearest_exact3d.vec,
+    _aten._upsample_nearest_exact1d.default, _aten._upsample_nearest_exact2d.default,
+    _aten._upsample_nearest_exact3d.default,
+})
+
+
+def upsample_stages(spatial: Sequence[int], factors: Sequence[int]) -> list[tuple[int, int]]:
+    """The ``(first, last)`` spatial dims of each stage: the last two dims, then the one before them."""
+    rank = len(spatial)
+    stages = [(max(0, rank - 2), rank)]
+    if rank == 3:
+        stages.insert(0, (0, 1))
+    return [(a, b) for a, b in stages if any(f != 1 for f in factors[a:b])][::-1]
+
+
+def _stage_ones(sizes: Sequence[int], factors: Sequence[int]) -> torch.Tensor:
+    _, ones = broadcast_form(sizes, factors, interleave=True)
+    return torch.ones([1, *ones])
+
+
+def nearest_upsample(
+    x: torch.Tensor, factors: Sequence[int], ones: Sequence[torch.Tensor] | None = None
+) -> torch.Tensor:
+    """``x`` (N, C, *spatial, static spatial sizes) upsampled by integer ``factors``, nearest.
+
+    ``ones`` are the broadcast constants of each stage (``stage_constants``), made here when not given.
+    """
+    lead = list(x.shape[:2])
+    spatial = [int(s) for s in x.shape[2:]]
+    stages = upsample_stages(spatial, factors)
+    constants = list(ones) if ones is not None else stage_constants(spatial, factors, x.dtype)
+    sizes = list(spatial)
+    for (first, last), constant in zip(stages, constants):
+        view, _ = broadcast_form(sizes[first:last], factors[first:last], interleave=True)
+        inner = math.prod(sizes[last:])
+        y = x.reshape(-1, *view, inner) if inner != 1 else x.reshape(-1, *view)
+        y = y * (constant.reshape(*constant.shape, 1) if inner != 1 else constant)
+        for d in range(first, last):
+            sizes[d] *= factors[d]
+        x = y.reshape(view_sizes([*lead, *sizes]))
+    return x
+
+
+def stage_constants(spatial: Sequence[int], factors: Sequence[int], dtype: torch.dtype) -> list[torch.Tensor]:
+    """The ``ones`` of each stage of ``nearest_upsample``."""
+    sizes = list(spatial)
+    constants = []
+    for first, last in upsample_stages(spatial, factors):
+        constants.append(_stage_ones(sizes[first:last], factors[first:last]).to(dtype))
+        for d in range(first, last):
+            sizes[d] *= factors[d]
+    return constants
+
+
+def _replicates(node: torch.fx.Node, spatial: Sequence[int], factors: Sequence[int]) -> bool:
+    """True when the op picks, for each output element, the source element integer replication picks."""
+    index = torch.arange(math.prod(spatial), dtype=torch.float64).reshape(1, 1, *spatial)
+    assert callable(node.target)
+    with torch.no_grad():
+        try:
+            picked = node.target(index, *node.args[1:], **node.kwargs)
+        except RuntimeError:
+            return False
+    return torch.equal(picked, nearest_upsample(index, factors))
+
+
+class NearestUpsamplePass(NodeRewritePass):
+    """Rewrites each nearest upsampling by integer factors into broadcasting multiplies and reshapes."""
+
+    rule = Rule.NOT_REWRITTEN  # reported; the portable kernels run what is left
+    tags_what_it_leaves = False  # untagged: XNNPACK still takes what it can of the op as it is
+    subject = "nearest upsampling"
+    pieces_stay_float = True
+
+    def picks(self, node: torch.fx.Node) -> bool:
+        return node.op == "call_function" and node.target in NEAREST_UPSAMPLES and not tag_of(node)
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        x = node.args[0]
+        before, after = tensor_value(x), tensor_value(node)
+        if not isinstance(x, torch.fx.Node) or before is None or after is None:
+            return "its input is not a tensor"
+        if not before.dtype.is_floating_point:
+            return f"a {before.dtype} tensor (XNNPACK multiplies floating-point ones)"
+        if before.dim() < 3:
+            return "an unbatched input"
+        spatial, out = before.shape[2:], after.shape[2:]
+        if not all(isinstance(s, int) for s in [*spatial, *out, before.shape[1]]):
+            return "a dynamic spatial or channel size"
+        if any(o % s for s, o in zip(spatial, out)):
+            return "its output size is not an integer multiple of its input size"
+        factors = [o // s for s, o in zip(spatial, out)]
+        if not _replicates(node, spatial, factors):
+            return "it does not pick the elements an integer replication picks (a scale other than the size ratio)"
+        constants = stage_constants(spatial, factors, before.dtype)
+
+        def replacement(v: torch.Tensor, *ones: torch.Tensor) -> torch.Tensor:
+            return nearest_upsample(v, factors, ones)
+
+        replace_by(graph_module, node, replacement, [x, *constants])
+        return None

@@ -1,0 +1,170 @@
+"""``expand``, ``repeat`` and ``repeat_interleave`` as broadcasts XNNPACK runs.
+
+Invariant established: no ``expand`` is left except one whose broadcast dims have dynamic sizes or whose
+tensor is not floating-point, and no ``repeat`` / ``repeat_interleave`` (by an int) with static shapes
+and a floating-point tensor. ExecuTorch 1.5.1's XNNPACK partitioner has no config for ``expand_copy`` or
+``repeat``: they ran on the portable kernels, between delegates.
+
+The forms:
+
+* an expand to its own input's shape is its input;
+* an expand read only by broadcasting binary ops (``add``, ``mul``...) that broadcast its input to the
+  same result is dropped: they read its input (``xnnguard.graph.broadcast``);
+* any other expand is ``reshape(x) * ones``, the ``ones`` constant 1 except along the broadcast dims:
+  XNNPACK's multiply broadcasts;
+* ``repeat(x, r)`` along dim ``d`` is ``x`` viewed with a new size-1 dim in front of ``d``, multiplied by
+  ``ones`` of size ``r`` there, then reshaped: copy ``k`` of the tensor is the k-th slice of the new dim,
+  which is what ``repeat`` lays out. Adjacent dims that are not repeated merge, so the broadcast stays
+  within 6 dims;
+* ``repeat_interleave(x, r, d)`` is the same with the new dim *after* ``d``: each element's ``r`` copies
+  are adjacent.
+
+Why it is exact: ``x * 1.0`` is ``x`` bit for bit (NaN and infinities included), and the reshapes move
+no element. int8: the stock quantizer leaves these ops float, and so are their pieces
+(``pieces_stay_float``): a quantized multiply would round where the original does not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from xnnguard.graph.args import int_arg, int_list
+from xnnguard.graph.broadcast import broadcasts_in_place_of
+from xnnguard.graph.shapes import tensor_value
+from xnnguard.report import Rule
+from xnnguard.rewrite.views.base import AliasAwarePass, replace_by, view_sizes
+
+__all__ = ["BroadcastViewsPass", "broadcast_form", "repeat_by_broadcast"]
+
+_aten = torch.ops.aten
+_EXPANDS = {_aten.expand.default}
+_REPEATS = {_aten.repeat.default}
+_INTERLEAVES = {_aten.repeat_interleave.self_int}
+TARGETS = frozenset(_EXPANDS | _REPEATS | _INTERLEAVES)
+
+
+def broadcast_form(
+    shape: Sequence[int | torch.SymInt], repeats: Sequence[int], interleave: bool
+) -> tuple[list[int | torch.SymInt], list[int]]:
+    """The view of ``x`` (of ``shape``) and the shape of the ``ones`` that repeat it by ``repeats``.
+
+    Runs of unrepeated dims merge into one; each repeated dim gets a size-1 neighbour (after it when
+    ``interleave``: each element's copies adjacent; before it otherwise: whole copies in sequence), where
+    ``ones`` has the repeat count.
+    """
+    view: list[int | torch.SymInt] = []
+    ones: list[int] = []
+    run: int | torch.SymInt = 1
+    for size, r in zip(shape, repeats):
+        if r == 1:
+            run = run * size
+            continue
+        if not (isinstance(run, int) and run == 1):
+            view.append(run)
+            ones.append(1)
+        run = 1
+        view += [size, 1] if interleave else [1, size]
+        ones += [1, r] if interleave else [r, 1]
+    if not (isinstance(run, int) and run == 1) or not view:
+        view.append(run)
+        ones.append(1)
+    return view, ones
+
+
+def repeat_by_broadcast(
+    x: torch.Tensor, repeats: Sequence[int], *, interleave: bool, ones: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x`` repeated ``repeats[d]`` times along each dim (``repeat``, or ``repeat_interleave`` when
+    ``interleave``) by one broadcasting multiply. ``repeats`` may be longer than ``x``'s rank."""
+    shape = [1] * (len(repeats) - x.dim()) + list(x.shape)
+    view, ones_shape = broadcast_form(shape, repeats, interleave)
+    if ones is None:
+        ones = torch.ones(ones_shape, dtype=x.dtype)
+    return (x.reshape(view_sizes(view)) * ones).reshape(view_sizes([size * r for size, r in zip(shape, repeats)]))
+
+
+class BroadcastViewsPass(AliasAwarePass):
+    """Rewrites expand / repeat / repeat_interleave into broadcasts of their consumers or of a multiply."""
+
+    rule = Rule.NOT_REWRITTEN  # reported; the portable kernels run what is left
+    tags_what_it_leaves = False  # untagged: XNNPACK still takes what it can of the op as it is
+    subject = "broadcast"
+    pieces_stay_float = True
+
+    def chooses(self, node: torch.fx.Node) -> bool:
+        targeted = node.target in TARGETS and isinstance(node.args[0], torch.fx.Node)
+        return targeted and not self.aliasing.written_after(node)
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        x = node.args[0]
+        assert isinstance(x, torch.fx.Node)
+        before, after = tensor_value(x), tensor_value(node)
+        if before is None or after is None:
+            return "its input is not a tensor"
+        if node.target in _EXPANDS:
+            return self._expand(graph_module, node, x, before, after)
+        if not before.dtype.is_floating_point:
+            return f"a {before.dtype} tensor (XNNPACK multiplies floating-point ones)"
+        shape = list(before.shape)
+        if node.target in _REPEATS:
+            repeats = int_list(node.args[1])
+            interleave = False
+        else:
+            dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+            if not isinstance(node.args[1], int):
+                return "its repeats are not an int"
+            if dim is None:  # repeat_interleave of the flattened tensor
+                shape, dim = [math.prod(shape)], 0
+            dim = int_arg(dim) % max(len(shape), 1)
+            repeats = [int_arg(node.args[1]) if d == dim else 1 for d in range(len(shape))]
+            interleave = True
+        aligned = [1] * (len(repeats) - len(shape)) + shape
+        view, ones_shape = broadcast_form(aligned, repeats, interleave)
+        if len(view) > 6:
+            return f"its broadcast needs {len(view)} dims > 6"
+        ones = torch.ones(ones_shape, dtype=before.dtype)
+
+        def replacement(v: torch.Tensor, ones_: torch.Tensor) -> torch.Tensor:
+            flat = v.reshape(-1) if len(repeats) < v.dim() else v
+            return repeat_by_broadcast(flat, repeats, interleave=interleave, ones=ones_)
+
+        replace_by(graph_module, node, replacement, [x, ones])
+        return None
+
+    @staticmethod
+    def _expand(
+        graph_module: torch.fx.GraphModule,
+        node: torch.fx.Node,
+        x: torch.fx.Node,
+        before: torch.Tensor,
+        after: torch.Tensor,
+    ) -> str | None:
+        if tuple(before.shape) == tuple(after.shape):
+            node.replace_all_uses_with(x)
+            return None
+        users = list(node.users)
+        if users and all(broadcasts_in_place_of(user, node, x) for user in users):
+            for user in users:
+                user.replace_input_with(node, x)
+            return None
+        if not before.dtype.is_floating_point:
+            return f"a {before.dtype} tensor (XNNPACK multiplies floating-point ones)"
+        rank = after.dim()
+        aligned = [1] * (rank - before.dim()) + list(before.shape)
+        ones_shape = []
+        for small, large in zip(aligned, after.shape):
+            broadcast = isinstance(small, int) and small == 1 and not (isinstance(large, int) and large == 1)
+            if broadcast and not isinstance(large, int):
+                return "it broadcasts along a dynamic dim"
+            ones_shape.append(int(large) if broadcast else 1)
+        ones = torch.ones(ones_shape, dtype=before.dtype)
+        lead = rank - before.dim()
+
+        def replacement(v: torch.Tensor, ones_: torch.Tensor) -> torch.Tensor:
+            return v.reshape(view_sizes([1] * lead + list(v.shape))) * ones_
+
+        replace_by(graph_module, node, replacement, [x, ones])
+        return None
