@@ -180,3 +180,41 @@ def test_a_static_int8_swin3d_loads_runs_matches_and_verifies_clean(quantizer: s
     (out,) = run_pte(lowered.buffer, (x,))
     reference = converted(x)
     torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)
+
+
+class TwoConvs(nn.Module):
+    """conv -> ``between`` -> conv: the second conv's dynamically quantized input is not a graph input."""
+
+    def __init__(self, between: str) -> None:
+        super().__init__()
+        self.between = between
+        self.a, self.b = nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        y = y + 1.0 if self.between == "add" else y.reshape(1, 8, 4, 16)
+        return self.b(y)
+
+
+def _dynamic_int8(model: nn.Module, x: torch.Tensor, partitioner: object) -> tuple[torch.Tensor, torch.Tensor, list]:
+    converted = quantize_pt2e(model, (x,), xnnguard.XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)))
+    lowered = lower(torch.export.export(converted, (x,)), (x,), partitioner)
+    return run_pte(lowered.buffer, (x,))[0], converted(x), getattr(partitioner, "report", [])
+
+
+def test_a_dynamically_quantized_conv_behind_an_add_computes_the_converted_models_numbers() -> None:
+    """1.5.1 lays out the graph input instead of the add's output for XNNPACK: 76 % of the range off."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 8, 8)
+    out, expected, report = _dynamic_int8(TwoConvs("add").eval(), x, xnnguard.XnnpackPartitioner())
+    assert (out - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255
+    assert [r.rule for r in report if r.rule is Rule.DYNAMIC_CONV_SOURCE] == [Rule.DYNAMIC_CONV_SOURCE]
+
+
+def test_a_dynamically_quantized_conv_behind_a_reshape_loads_and_runs() -> None:
+    """Stock 1.5.1 lowers it into a delegate that fails at init (error 0x1)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 8, 8)
+    out, expected, _ = _dynamic_int8(TwoConvs("reshape").eval(), x, xnnguard.XnnpackPartitioner())
+    assert (out - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255

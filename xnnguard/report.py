@@ -22,6 +22,7 @@ class Rule(str, Enum):
     NEEDS_KEPT_OUT_NODE = "needs_kept_out_node"  # an op whose partition needs a node kept out
     NOT_REWRITTEN = "not_rewritten"  # an op XNNPACK has no kernel for that a rewrite could not replace
     QUANTIZED_PAD = "quantized_pad"  # xnnguard.rules.quantized_pad
+    DYNAMIC_CONV_SOURCE = "dynamic_conv_source"  # xnnguard.rules.dynamic_conv_source
     EXTRA_ROUNDING = "extra_rounding"  # a rewritten form that, quantized, rounds where the original does not
     NO_XNNPACK_CONFIG = "no_xnnpack_config"  # xnnguard.partition.outside: ExecuTorch has no XNNPACK config for the op
     XNNPACK_CONFIG = "xnnpack_config"  # xnnguard.partition.outside: ExecuTorch's XNNPACK config refused it

@@ -1,0 +1,77 @@
+"""A dynamically quantized convolution must quantize a graph input or a ``cat``: where 1.5.1 looks for it.
+
+Before serializing a delegate, 1.5.1's ``ChannelsLastTaggedReshapePass`` gives a convolution's input
+the NHWC layout XNNPACK needs. For a dynamically quantized input (its dequantize reads scales a
+``choose_qparams`` picked at run time) it does not convert the tensor the conv reads: it walks up from
+the dequantize through each node's first argument while that is a node, converts the tensor where the
+walk stops, and redirects *every* use of that tensor to the converted copy. The walk stops at the
+tensor the conv quantizes only when that tensor is a graph input or a node whose first argument is not
+a node (a ``cat``, which takes a list). Anywhere else it overshoots: behind a view it reaches a tensor
+of another rank and the lowering fails ("required rank 4 tensor to use channels_last format") or the
+delegate fails at init; behind any other op (``conv -> add -> conv``) it converts an earlier tensor
+whose readers were already laid out, and the program runs with wrong numbers (measured: 76 % of the
+output range off, stock and xnnguard alike, before this rule).
+
+A convolution whose dynamic input fails this is not delegated as a dynamically quantized op; it runs
+on ExecuTorch's portable kernels, with its quantization, and computes the right numbers.
+``rewrite_for_xnnpack``'s convolutions quantize a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from xnnguard.graph.ops import is_op
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["dynamic_conv_source_violation"]
+
+_DEQUANTIZE_OPS = frozenset({"dequantize_per_tensor", "dequantize_per_token", "dequantize_affine"})
+_CHOOSE_QPARAMS_OPS = frozenset({"choose_qparams", "choose_qparams_affine", "choose_qparams_per_token_asymmetric"})
+
+
+def _is_dynamic_dequantize(node: object) -> bool:
+    """A dequantize whose scale and zero point come from a ``choose_qparams`` (ExecuTorch's ``is_dynamic_qdq``)."""
+    if not is_op(node, _DEQUANTIZE_OPS):
+        return False
+    params = getattr(node, "args", ())[1:3]
+    return len(params) == 2 and all(_chosen_at_run_time(param) for param in params)
+
+
+def _chosen_at_run_time(param: object) -> bool:
+    sources = getattr(param, "all_input_nodes", ())
+    return any(is_op(source, _CHOOSE_QPARAMS_OPS) for source in sources)
+
+
+def _walk_ends_at(node: torch.fx.Node) -> torch.fx.Node:
+    """Where ``ChannelsLastTaggedReshapePass`` stops walking up first arguments from ``node``."""
+    while node.args and _is_node(node.args[0]):
+        node = node.args[0]  # type: ignore[assignment]
+    return node
+
+
+def _is_node(value: object) -> bool:
+    return hasattr(value, "all_input_nodes")
+
+
+def _first_arg(node: object) -> object:
+    args = getattr(node, "args", ())
+    return args[0] if args else None
+
+
+def dynamic_conv_source_violation(node: torch.fx.Node) -> str | None:
+    """Why ``node``, a convolution reading a dynamically quantized input, cannot be delegated; else None."""
+    if not is_op(node, "convolution") or not _is_dynamic_dequantize(_first_arg(node)):
+        return None
+    dequantize: torch.fx.Node = node.args[0]  # type: ignore[assignment]
+    quantized = _first_arg(_first_arg(dequantize))
+    end = _walk_ends_at(dequantize)
+    if not _is_node(quantized) or end is quantized:
+        return None
+    return (
+        f"its input {getattr(quantized, 'name', '?')} is dynamically quantized but is neither a graph input nor "
+        "a cat: ExecuTorch 1.5.1 would lay out another tensor for XNNPACK (ChannelsLastTaggedReshapePass walks "
+        f"up to {end.name}), which fails or computes wrong numbers"
+    )
