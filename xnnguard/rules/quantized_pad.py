@@ -15,7 +15,7 @@ outputs the skipped dequantize, which nothing writes.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from xnnguard.graph.ops import is_op
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["QUANTIZE_OPS", "quantized_by_xnnpack", "unquantized_pad_violation"]
+
+_CLONE_OPS = frozenset({"clone", "_clone_dim_order"})
 
 # The quantize ops of ExecuTorch's quant_utils._Q_OPS, by operator name.
 QUANTIZE_OPS = frozenset(
@@ -40,11 +42,41 @@ def _pad_value(node: torch.fx.Node) -> object:
     return node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0.0)
 
 
+def _behind_identity_clones(node: object) -> object:
+    """``node``, or what it copies when it is a clone that keeps the layout.
+
+    XNNPACK's preprocessing removes such clones (``XNNPACKRemoveCloneOpsTransform``) before
+    ``InsertPadQDQPass`` runs, so a pad reading ``clone(dequantize(...))`` is then a pad of the dequantize.
+    """
+    while is_op(node, _CLONE_OPS) and _keeps_layout(node):
+        node = node.args[0]  # type: ignore[attr-defined]
+    return node
+
+
+def _keeps_layout(clone: object) -> bool:
+    kwargs = getattr(clone, "kwargs", {})
+    args = getattr(clone, "args", ())
+    value = getattr(args[0], "meta", {}).get("val") if args else None
+    rank = getattr(value, "ndim", None)
+    if rank is None or value is None or not value.is_contiguous():
+        return False
+    dim_order, memory_format = kwargs.get("dim_order"), kwargs.get("memory_format")
+    return (dim_order is None or list(dim_order) == list(range(rank))) and memory_format in (
+        None, _torch().contiguous_format, _torch().preserve_format
+    )
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
 def quantized_by_xnnpack(node: torch.fx.Node) -> bool:
     """True for a pad that ``InsertPadQDQPass`` turns into an int8 pad (the pass's own conditions)."""
     if not is_op(node, "constant_pad_nd", "default") or not node.args:
         return False
-    source, padding = node.args[0], node.args[1] if len(node.args) > 1 else ()
+    source, padding = _behind_identity_clones(node.args[0]), node.args[1] if len(node.args) > 1 else ()
     if not is_op(source, "dequantize_per_tensor", "default"):
         return False
     if _pad_value(node) != 0.0 or not isinstance(padding, (list, tuple)) or any(p < 0 for p in padding):
@@ -54,7 +86,7 @@ def quantized_by_xnnpack(node: torch.fx.Node) -> bool:
 
 def unquantized_pad_violation(node: torch.fx.Node, implicit: Collection[torch.fx.Node]) -> str | None:
     """Why ``node`` cannot be taken by a match whose implicit q/dq are ``implicit``, or None."""
-    if not quantized_by_xnnpack(node) or node.args[0] in implicit:
+    if not quantized_by_xnnpack(node) or _behind_identity_clones(node.args[0]) in implicit:
         return None
     return (
         "a zero pad of a dequantized tensor: ExecuTorch's InsertPadQDQPass makes it an int8 pad, which XNNPACK "
