@@ -19,9 +19,10 @@ order, in place where the graph is in place (``ConstantRegion.evaluate``), each 
 reads it. Nothing that depends on an input's values, on a dynamic size or on a random op is folded.
 
 What is left computed: a value above ``MAX_CONSTANT_ELEMENTS`` elements, a value the graph returns (a
-program output that is a parameter would alias it), a value that is not a tensor, and the enlarging
-expand above (storing the broadcast would grow the program for nothing). Leaving a constant computed is
-always correct: what the pass leaves is reported, never tagged.
+program output that is a parameter would alias it), a value that is not a tensor, the enlarging
+expand above (storing the broadcast would grow the program for nothing), and views or transposes of a
+parameter alone (no compute; ExecuTorch's linear recognition reads the weight behind them). Leaving a
+constant computed is always correct: what the pass leaves is reported, never tagged.
 
 int8: a folded value is read where the computed one was, by the same op, so the quantizer observes the
 same tensor at the same place (a folded linear bias is an ordinary bias); the folded ops themselves
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 
 from xnnguard.graph.broadcast import broadcasts_in_place_of
+from xnnguard.graph.ops import is_op
 from xnnguard.graph.shapes import static_shape, tensor_value
 from xnnguard.pass_result import ReportedPassResult
 from xnnguard.report import Rule
@@ -67,6 +69,22 @@ def _enlarging_expand_into_broadcasts(node: torch.fx.Node, region: ConstantRegio
     return bool(users) and all(u not in region and broadcasts_in_place_of(u, node, source) for u in users)
 
 
+_LAYOUT_VIEWS = frozenset({"permute", "t", "transpose", "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze"})
+
+
+def _layout_view_of_a_parameter(node: torch.fx.Node, region: ConstantRegion) -> bool:
+    """True for a chain of views and transposes of one parameter: no compute, nothing to gain by folding.
+
+    Kept as it is because ExecuTorch reads it: its ``ConvertToLinearPass`` rebuilds a decomposed linear
+    (``addmm(bias, x, permute(weight))``) from the weight behind the permute; given a folded, already
+    transposed weight instead, it builds a linear with a weight of the wrong orientation.
+    """
+    current: object = node
+    while is_op(current, _LAYOUT_VIEWS) and current in region.nodes:
+        current = current.args[0]
+    return current is not node and getattr(current, "op", None) in ("placeholder", "get_attr")
+
+
 @dataclass
 class FoldPlan:
     """What folding does to one graph: which constant inputs of which nodes become attributes."""
@@ -79,7 +97,10 @@ class FoldPlan:
 
     def __post_init__(self) -> None:
         self.region = ConstantRegion(self.graph_module)
-        self.kept = {n for n in self.region.nodes if _enlarging_expand_into_broadcasts(n, self.region)}
+        self.kept = {
+            n for n in self.region.nodes
+            if _enlarging_expand_into_broadcasts(n, self.region) or _layout_view_of_a_parameter(n, self.region)
+        }
         folded = self.region.nodes - self.kept
         self.inputs = {}
         for node in self.graph_module.graph.nodes:
