@@ -92,3 +92,19 @@ def no_new_scales(result: Int8Result, rel: float = 1e-4) -> bool:
     scales are fine: a rewrite may drop a requantization the original has.
     """
     return all(any(abs(a - b) <= rel * max(a, b) for b in result.ideal_scales) for a in result.scales)
+
+
+def steps_allowed(model: torch.nn.Module, x: torch.Tensor, mode: Int8, family: str) -> float:
+    """How many quantization steps a rewrite family may be off the original quantized: 2, or the floor.
+
+    Dynamic int8: XNNPACK quantizes a linear's input per row where pt2e quantizes it per tensor, so even
+    the program with ``family``'s ops left as they were (``family``: its module prefix, such as
+    ``xnnguard.rewrite.norm.``) is off the converted pt2e model by a few steps; the rewrite may add float
+    rounding to that (a twentieth of a step), nothing more. Static int8: two steps.
+    """
+    if mode == "static":
+        return 2.0
+    from xnnguard.rewrite.rewrite_for_xnnpack import default_rewrites
+
+    others = [p for p in default_rewrites(strict=True) if not type(p).__module__.startswith(family)]
+    return max(2.0, int8_against_the_original(model, x, mode, others).steps + 0.05)

@@ -14,7 +14,7 @@ from torch import nn
 from torch.export import Dim
 
 import xnnguard
-from tests.int8_reference import Int8, int8_against_the_original
+from tests.int8_reference import Int8, int8_against_the_original, steps_allowed
 from tests.rewrite_support import lower_and_run, ops, rewritten
 from tests.support import lower, run_pte
 from xnnguard.report import Rule
@@ -23,7 +23,7 @@ from xnnguard.rewrite.reduce.forms import extremum, sum_weights, trailing_sum
 from xnnguard.rewrite.reduce.plan import MAX_STAGE, SumPlan, stages, sum_plan
 from xnnguard.rewrite.reduce.power import RewritePowerPass
 from xnnguard.rewrite.reduce.sums import Reduction, RewriteSumPass, reduction_function
-from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter, default_rewrites
+from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter
 
 
 class Net(nn.Module):
@@ -225,19 +225,6 @@ def test_each_reduction_lowers_fully_to_xnnpack_and_matches_eager(name: str) -> 
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
-def _floor(model: nn.Module, x: torch.Tensor, mode: Int8) -> float:
-    """How far the program with this family's ops left as they were is from the original quantized (in steps).
-
-    Dynamic int8: XNNPACK quantizes a linear's input per row where pt2e quantizes it per tensor, so even
-    the un-rewritten program on the runtime is off the converted pt2e model by a few steps; the rewrite may
-    add float rounding to that (a twentieth of a step), nothing more. Static int8: no floor, two steps.
-    """
-    if mode == "static":
-        return 2.0
-    others = [p for p in default_rewrites(strict=True) if not type(p).__module__.startswith("xnnguard.rewrite.reduce.")]
-    return int8_against_the_original(model, x, mode, others).steps + 0.05
-
-
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 @pytest.mark.parametrize("name", list(E2E))
 def test_each_reduction_in_int8_is_delegated_within_two_steps_of_the_original_quantized(name: str, mode: Int8) -> None:
@@ -247,7 +234,8 @@ def test_each_reduction_in_int8_is_delegated_within_two_steps_of_the_original_qu
     model, x = build(), torch.randn(shape)
     result = int8_against_the_original(model, x, mode)
     assert result.lowered.outside_ops() == {} and result.lowered.num_delegates == 1
-    assert result.steps <= 2 or result.steps <= _floor(model, x, mode), f"{result.steps:.2f} steps off"
+    allowed = 2.0 if result.steps <= 2 else steps_allowed(model, x, mode, "xnnguard.rewrite.reduce.")
+    assert result.steps <= allowed, f"{result.steps:.2f} steps off"
 
 
 def test_a_channel_mean_with_a_dynamic_batch_stays_on_xnnpack_and_runs_another_batch() -> None:
