@@ -20,8 +20,9 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check . && $(PY) -m mypy
 
+# The suite runs one pytest-xdist worker per core: most of a test is single-threaded export and lowering.
 test: $(STAMP) lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
@@ -43,7 +44,7 @@ $(COMPAT_DIR)/%/.xnnguard-installed: pyproject.toml
 compat: $(foreach release,$(COMPAT_RELEASES),$(COMPAT_DIR)/$(release)/.xnnguard-installed)
 	@failed=""; for release in $(COMPAT_RELEASES); do \
 	  echo "=== ExecuTorch $$release"; \
-	  $(COMPAT_DIR)/$$release/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) || failed="$$failed $$release"; \
+	  $(COMPAT_DIR)/$$release/bin/python -m pytest -q -n auto -p no:cacheprovider $(PYTEST_ARGS) || failed="$$failed $$release"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "make compat: failures on ExecuTorch$$failed"; exit 1; fi; \
 	echo "make compat: passed on ExecuTorch $(COMPAT_RELEASES)"
