@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.network_report import Result, _lower_in_fresh_process, details, time_network
+from benchmarks.network_report import Result, details, lower_in_fresh_process, time_network
 
 MIN_RATIO = 1.5
 MEDIAN_RATIO = 4.0
@@ -124,7 +124,7 @@ def main(names: list[str] | None = None, variants: list[str] | None = None, thre
             for variant in variants:
                 precision, batch = VARIANTS[variant]
                 print(f"{name} [{variant}] ...", file=sys.stderr, flush=True)
-                result = _lower_in_fresh_process(name, "bench", precision, False, Path(tmp), batch)
+                result = lower_in_fresh_process(name, "bench", precision, False, Path(tmp), batch)
                 if variant == "float":
                     time_network(result, threads)
                 results[variant] = result

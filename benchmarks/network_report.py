@@ -291,7 +291,7 @@ def _failure_lines(log: str) -> str:
 # Workers and the driver
 
 
-def _lower_in_fresh_process(name: str, size: str, precision: str, stock: bool, pte_dir: Path,
+def lower_in_fresh_process(name: str, size: str, precision: str, stock: bool, pte_dir: Path,
                             batch: str = "static") -> Result:
     """``lower_network`` in a process of its own; a crash or a hang becomes the result's error."""
     out = pte_dir / f"{name}.{size}.{precision}.{batch}.json"
@@ -410,7 +410,7 @@ def run_report(names: Sequence[str], precisions: Sequence[str], size: str, stock
         for name in names:
             print(f"lowering {name} ({size}, {precision}, {batch} batch, {'stock' if stock else 'xnnguard'}) ...",
                   file=sys.stderr, flush=True)
-            result = _lower_in_fresh_process(name, size, precision, stock, pte_dir, batch)
+            result = lower_in_fresh_process(name, size, precision, stock, pte_dir, batch)
             if timing:
                 time_network(result, threads)
             group.append(result)

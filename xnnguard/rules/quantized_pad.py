@@ -15,7 +15,7 @@ outputs the skipped dequantize, which nothing writes.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xnnguard.graph.ops import is_op
 
@@ -60,16 +60,12 @@ def _keeps_layout(clone: object) -> bool:
     rank = getattr(value, "ndim", None)
     if rank is None or value is None or not value.is_contiguous():
         return False
+    import torch  # here, not at module import: the rules stay importable without torch
+
     dim_order, memory_format = kwargs.get("dim_order"), kwargs.get("memory_format")
     return (dim_order is None or list(dim_order) == list(range(rank))) and memory_format in (
-        None, _torch().contiguous_format, _torch().preserve_format
+        None, torch.contiguous_format, torch.preserve_format
     )
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
 
 
 def quantized_by_xnnpack(node: torch.fx.Node) -> bool:
