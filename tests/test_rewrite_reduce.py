@@ -239,7 +239,10 @@ def test_each_reduction_in_int8_is_delegated_within_two_steps_of_the_original_qu
 
 
 def test_a_channel_mean_with_a_dynamic_batch_stays_on_xnnpack_and_runs_another_batch() -> None:
-    model = Net(lambda p, x: p[0](x) * torch.rsqrt(p[0](x).mean(1, keepdim=True) ** 2.0 + 1e-6), nn.Linear(8, 8))
+    # The mean of squares (not the square of a mean, which can sit near 0 and magnify rounding past any
+    # tolerance) keeps the result of order 1, so float rounding stays within 1e-5.
+    torch.manual_seed(0)
+    model = Net(lambda p, x: p[0](x) * torch.rsqrt((p[0](x) ** 2.0).mean(1, keepdim=True) + 1e-6), nn.Linear(8, 8))
     x = torch.randn(3, 5, 8)
     ep = torch.export.export(model.eval(), (x,), dynamic_shapes=({0: Dim("batch", max=64)},))
     lowered = lower(xnnguard.rewrite_for_xnnpack(ep, strict=True), (x,), xnnguard.XnnpackPartitioner())
