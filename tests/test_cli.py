@@ -244,15 +244,16 @@ def test_the_cached_kernel_registry_is_the_runtimes(tmp_path, monkeypatch: pytes
 
 
 def test_a_file_that_crashes_the_runtime_is_reported_alone(tmp_path) -> None:
-    """A FullyConnected whose bias is its own output crashes the native runtime at load: that file gets the
-    crash and its static problems; the files that shared its worker pool are checked as usual."""
+    """A FullyConnected whose bias is its own output breaks the native runtime at load: 1.5 crashes, 1.4
+    hangs (then --timeout stops it). That file gets the failure and its static problems; the files that
+    shared the workers are checked as usual."""
     from tests.mutation import edit
 
     (tmp_path / "crash.pte").write_bytes(edit(program("stock_int4_linear"), r"XNNFullyConnected/bias_id$", 4))
     for name in ("stock_float_conv_linear", "stock_qconv_linear", "stock_move_values"):
         write_program(tmp_path, name)
     result = subprocess.run(
-        [*XNNGUARD, "verify", str(tmp_path), "--load", "--jobs", "2", "--json"],
+        [*XNNGUARD, "verify", str(tmp_path), "--load", "--jobs", "2", "--timeout", "60", "--json"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -263,4 +264,32 @@ def test_a_file_that_crashes_the_runtime_is_reported_alone(tmp_path) -> None:
     assert [name for name, report in reports.items() if not report["ok"]] == ["crash"]
     kinds = [problem["kind"] for problem in reports["crash"]["problems"]]
     assert kinds[-1] == "load" and "unwritten_value" in kinds
-    assert "the runtime crashed loading it" in reports["crash"]["problems"][-1]["message"]
+    message = reports["crash"]["problems"][-1]["message"]
+    assert "the runtime crashed loading it" in message or "the runtime did not finish loading it in 60 s" in message
+
+
+def test_a_file_still_loading_after_the_timeout_is_reported_as_hung_with_its_static_problems(tmp_path) -> None:
+    """No load takes a millisecond: the child is stopped mid-load, the command ends, the file fails."""
+    from tests.mutation import edit
+
+    path = tmp_path / "slow.pte"
+    path.write_bytes(edit(program("stock_int4_linear"), r"XNNFullyConnected/bias_id$", 4))
+    result = subprocess.run(
+        [*XNNGUARD, "verify", str(path), "--load", "--timeout", "0.001", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    (report,) = json.loads(result.stdout)["files"]
+    assert result.returncode == 1
+    kinds = [problem["kind"] for problem in report["problems"]]
+    assert kinds[-1] == "load" and "unwritten_value" in kinds
+    assert "the runtime did not finish loading it in 0.001 s" in report["problems"][-1]["message"]
+
+
+def test_a_timeout_that_is_not_a_number_of_seconds_is_a_usage_error() -> None:
+    result = subprocess.run(
+        [*XNNGUARD, "verify", "x.pte", "--timeout", "-1"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2 and "--timeout" in result.stderr and "give 0 (no limit)" in result.stderr

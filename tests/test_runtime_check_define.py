@@ -70,7 +70,8 @@ def findings_of(check: Callable[..., Iterator[Finding]], data: bytes) -> list[Fi
 class Case:
     """``program`` with ``field`` (a path pattern; ``{op:field}`` names the value a node's id field holds)
     set to ``value`` breaks ``check``: ``verify_pte`` reports ``kind``, and the runtime fails ``at`` ("load",
-    "run", "fails": load, run or a crash; None: undefined behaviour the runtime may not notice)."""
+    "run", "fails": load, run, a crash or a hang (1.4's runtime hangs where 1.5's fails to load); None:
+    undefined behaviour the runtime may not notice)."""
 
     check: Callable[..., Iterator[Finding]]
     program: str
@@ -193,7 +194,7 @@ def test_a_changed_field_fails_its_define_time_check(case: Case, sandbox: Runtim
     assert case.kind in report.kinds(), str(report)
     outcome = sandbox.outcome(mutated)
     if case.at == "fails":
-        assert outcome in ("load", "run", "crash"), (outcome, sandbox.last_message)
+        assert outcome in ("load", "run", "crash", "timeout"), (outcome, sandbox.last_message)
     elif case.at is not None:
         assert outcome == case.at, (outcome, sandbox.last_message)
 

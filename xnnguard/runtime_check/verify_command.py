@@ -2,8 +2,9 @@
 
 Exit code 0 when every file passes, 1 when a file has problems, 2 when an input cannot be read (2 wins).
 Every input gets a ``Report``, an unreadable one included (one ``unreadable`` problem), so text and JSON
-have one shape. Files are checked in worker processes when there are many or when the runtime is asked
-to load them (a crash of the native runtime then costs one worker, not the whole command).
+have one shape. Files are checked in worker processes when there are many. When the runtime is asked to
+load them, each file is loaded in a child process of its own, which is killed after ``--timeout`` seconds:
+a crash or a hang of the native runtime then costs that file, not the whole command.
 
 Nothing heavy is imported for a static check: the checker reads flatbuffers and a cached kernel registry,
 so workers start in milliseconds. With ``--load``/``--run`` the runtime (and torch) is imported once, in
@@ -13,7 +14,6 @@ this process, before the workers are forked, so they inherit it instead of impor
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import multiprocessing
@@ -24,8 +24,9 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
+from multiprocessing.connection import Connection, wait as wait_for_any
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, cast
 
 if TYPE_CHECKING:
     from xnnguard.runtime_check.report import Report
@@ -36,6 +37,7 @@ logger = logging.getLogger("xnnguard.runtime_check")
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_UNREADABLE = 0, 1, 2
 _PARALLEL_FROM = 16  # below this many files a static check runs in this process: workers would cost more
+_DEFAULT_TIMEOUT = 300.0  # seconds a file may take to load and run; a big network loads in well under a minute
 
 _EXAMPLES = """\
 examples:
@@ -44,6 +46,7 @@ examples:
   xnnguard verify model.pte --run --json    also run each method once; machine-readable output
   xnnguard verify dist/ --weights           also prove every weight blob against its sha256 name
   xnnguard verify dist/ --quiet             print only files with problems (exit code says the rest)
+  xnnguard verify dist/ --load --timeout 60 a file the runtime takes over 60 s to load is reported as hung
 
 exit codes: 0 all files pass, 1 problems found, 2 an input cannot be read
 """
@@ -57,6 +60,17 @@ def _job_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} processes: give 0 (automatic), 1 (no workers) or more")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: seconds, 0 meaning no limit."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} seconds: give 0 (no limit) or a positive number")
     return value
 
 
@@ -87,7 +101,15 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         type=_job_count,
         default=0,
         metavar="N",
-        help="worker processes: 1 checks in this process, 0 (default) decides from the work",
+        help="worker processes: 1 checks in this process (with --load/--run: one child process at a "
+        "time), 0 (default) decides from the work",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=_DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"with --load/--run, report a file as hung after this long (default {_DEFAULT_TIMEOUT:g}; 0: no limit)",
     )
     # also accepted after the subcommand; SUPPRESS keeps a -v given before it
     parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log what is checked")
@@ -160,26 +182,32 @@ _ADAPTIVE_AFTER = 1.0  # seconds of checking in this process after which the res
 
 def _jobs(requested: int, files: int, runtime: bool) -> int:
     """Worker processes to use; 0 means this process, ``_ADAPTIVE`` this process first."""
+    if runtime:  # the runtime may crash or hang: a child of its own per file costs little against a load
+        return max(1, min(requested or os.cpu_count() or 1, files))
     if requested == 1:
         return 0
     if requested > 1:
         return min(requested, files)
-    if runtime:  # the runtime may crash: a worker of its own costs little against a load
-        return max(1, min(os.cpu_count() or 1, files))
     if files >= _PARALLEL_FROM and (os.cpu_count() or 1) > 1:
         return _ADAPTIVE
     return 0
 
 
-def _died(path: str, options: tuple[bool, bool, bool]) -> Report:
-    """The report on a file whose worker died: its static checks, run here, and the crash. With the runtime
-    that is the runtime crashing on the file; without, a bug in the checker."""
+def _died(path: str, options: tuple[bool, bool, bool], hung_after: float | None = None) -> Report:
+    """The report on a file whose worker died (or was killed after ``hung_after`` seconds): its static
+    checks, run here, and the crash. With the runtime that is the runtime crashing on the file; without, a
+    bug in the checker."""
     from xnnguard.runtime_check.report import Problem
 
     load, run, weights = options
     report = check_file(path, False, False, weights) if load or run else None
-    if load or run:
-        problem = Problem("load", f"the runtime crashed {'running' if run else 'loading'} it (the worker process died)")
+    doing = "running" if run else "loading"
+    if hung_after is not None:
+        problem = Problem(
+            "load", f"the runtime did not finish {doing} it in {hung_after:g} s (it hangs, or raise --timeout)"
+        )
+    elif load or run:
+        problem = Problem("load", f"the runtime crashed {doing} it (the worker process died)")
     else:
         problem = Problem("internal", "the checker process died (a bug in xnnguard)")
     if report is None or not report.readable:
@@ -189,9 +217,11 @@ def _died(path: str, options: tuple[bool, bool, bool]) -> Report:
     return replace(report, problems=(*report.problems, problem))
 
 
-def _pool_context() -> multiprocessing.context.BaseContext:
+def _pool_context() -> multiprocessing.context.ForkContext | multiprocessing.context.SpawnContext:
     # fork: workers inherit the imported checker (and, with --load, the runtime) instead of importing again
-    return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    if "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
 
 
 def _share_the_cores(jobs: int) -> None:
@@ -207,19 +237,69 @@ def _check_batch(paths: list[str], options: tuple[bool, bool, bool]) -> list[Rep
     return [check_file(path, *options) for path in paths]
 
 
+def _child(sender: Connection, path: str, options: tuple[bool, bool, bool], jobs: int) -> None:
+    if jobs > 1:
+        _share_the_cores(jobs)
+    sender.send(check_file(path, *options))
+    sender.close()
+
+
+def _in_children(
+    files: list[str], options: tuple[bool, bool, bool], jobs: int, timeout: float, progress: _Progress
+) -> dict[str, Report]:
+    """Load (and run) each file in a forked child of its own, ``jobs`` at a time. A child that dies is the
+    runtime crashing on its file; one still busy after ``timeout`` seconds (0: never) is killed, and its
+    file reported as hung. Either way the other files are checked as usual."""
+    context = _pool_context()
+    pending = list(reversed(files))
+    running: dict[Connection, tuple[multiprocessing.process.BaseProcess, str, float]] = {}
+    done: dict[str, Report] = {}
+
+    def finish(receiver: Connection, report: Report) -> None:
+        process, path, _ = running.pop(receiver)
+        receiver.close()
+        process.join()
+        done[path] = report
+        progress.advance(path)
+
+    while pending or running:
+        while pending and len(running) < jobs:
+            path = pending.pop()
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=_child, args=(sender, path, options, jobs), daemon=True)
+            process.start()
+            sender.close()  # the child holds the only writer: its death ends the pipe
+            running[receiver] = (process, path, time.monotonic() + timeout if timeout else float("inf"))
+        first_deadline = min(deadline for _, _, deadline in running.values())
+        wait = None if first_deadline == float("inf") else max(0.0, first_deadline - time.monotonic())
+        for ready in wait_for_any(list(running), timeout=wait):
+            receiver = cast(Connection, ready)
+            try:
+                report = receiver.recv()
+            except EOFError:
+                report = _died(running[receiver][1], options)
+            finish(receiver, report)
+        now = time.monotonic()
+        for receiver, (child, path, deadline) in list(running.items()):
+            if deadline <= now:
+                logger.debug("%s: still busy after %g s, stopping it", path, timeout)
+                child.kill()
+                finish(receiver, _died(path, options, hung_after=timeout))
+    return done
+
+
 def _in_workers(
     files: list[str], options: tuple[bool, bool, bool], jobs: int, progress: _Progress
 ) -> dict[str, Report]:
-    """Check ``files`` in ``jobs`` workers. When a worker dies, every file it left unfinished is checked
-    again in a worker of its own, so only the file that crashes it is reported as crashed."""
+    """Check ``files`` statically in ``jobs`` workers. When a worker dies (a bug in the checker), every
+    file it left unfinished is checked again in a worker of its own, so only the file that kills it is
+    reported."""
     done: dict[str, Report] = {}
     broken: list[str] = []
-    runtime = options[0] or options[1]
-    initializer = functools.partial(_share_the_cores, jobs) if runtime and jobs > 1 else None
     # a static check takes milliseconds: a task per file would cost more in messages than in checking
-    size = 1 if runtime else max(1, len(files) // (4 * jobs))
+    size = max(1, len(files) // (4 * jobs))
     batches = [files[start : start + size] for start in range(0, len(files), size)]
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context(), initializer=initializer) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context()) as pool:
         futures: dict[Future[list[Report]], list[str]] = {
             pool.submit(_check_batch, batch, options): batch for batch in batches
         }
@@ -242,12 +322,19 @@ def _in_workers(
     return done
 
 
-def _check_all(files: list[str], options: tuple[bool, bool, bool], jobs: int, progress: _Progress) -> list[Report]:
+def _check_all(
+    files: list[str], options: tuple[bool, bool, bool], jobs: int, progress: _Progress, timeout: float = 0.0
+) -> list[Report]:
     """Every file's report, in order. ``_ADAPTIVE``: files are checked here until that has taken a second;
     the rest (if there are enough to share) goes to one worker per core. Small static checks take
     milliseconds, less than starting workers; big delegates take long enough to pay for them."""
     if jobs > 0:
-        by_path = _in_workers(files, options, jobs, progress)
+        runtime = options[0] or options[1]
+        by_path = (
+            _in_children(files, options, jobs, timeout, progress)
+            if runtime
+            else _in_workers(files, options, jobs, progress)
+        )
         return [by_path[path] for path in files]
     reports: list[Report] = []
     started = time.perf_counter()
@@ -328,7 +415,7 @@ def run(args: argparse.Namespace) -> int:
         logger.info("checking %d file%s in %s", len(files), "s" * (len(files) != 1), where)
     progress = _Progress(len(files), sys.stderr, enabled=not args.quiet)
     try:
-        checked = _check_all(files, (args.load, args.run, args.weights), jobs, progress)
+        checked = _check_all(files, (args.load, args.run, args.weights), jobs, progress, args.timeout)
     finally:
         progress.close()
     reports = errors + checked
