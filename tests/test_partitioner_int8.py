@@ -86,6 +86,31 @@ def test_with_xnnguards_quantizer_a_zero_pad_runs_int8_inside_the_delegate(after
     torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)
 
 
+class ConvPadSliceConv(nn.Module):
+    """A zero pad, then a slice of it, between two convs: how a 3-D pooling rewrite pads, then takes depths.
+    The slice drops channels, so its values alone would get another quantization than the pad's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Conv2d(4, 8, 1), nn.Conv2d(4, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(F.pad(self.first(x), (1, 1, 1, 1))[:, :4])
+
+
+def test_a_slice_of_a_zero_pad_shares_its_quantization_and_runs_in_the_same_delegate() -> None:
+    """XNNPACK slices int8 only with one quantization on both sides; the pad shares its input's, so must
+    the slice after it (1.5.1's quantizer shares a slice's before the pad has any)."""
+    model = ConvPadSliceConv()
+    converted = quantize_pt2e(model, (X2D,), xnnguard.XNNPACKQuantizer().set_global(STATIC))
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = lower(torch.export.export(converted, (X2D,)), (X2D,), partitioner)
+    (out,) = run_pte(lowered.buffer, (X2D,))
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1, partitioner.report
+    reference = converted(X2D)
+    torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)
+
+
 def test_a_same_padded_int8_conv_keeps_its_pad_in_its_own_match() -> None:
     """The one int8 pad 1.5.1 makes right: the pad of an even-kernel 'same' conv, folded into the conv's match."""
     model = nn.Sequential(nn.Conv2d(4, 8, 1), nn.ReLU(), nn.Conv2d(8, 8, 2, padding="same"))

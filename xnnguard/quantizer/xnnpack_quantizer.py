@@ -99,9 +99,10 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
         self.report = []
         keep_float_pieces(model)
         model = super().annotate(model)
-        while share_input_quantization_of_rewritten_ops(model):  # a rewritten mean is a share op too
-            propagate_annotation(model)  # to the share ops after it
-        share_input_quantization(model)
+        # A rewritten mean and a zero pad share their input's quantization, and so must the share ops
+        # (views, slices) after them, which the stock pass visited before either was annotated.
+        while share_input_quantization_of_rewritten_ops(model) or share_input_quantization(model):
+            propagate_annotation(model)
         observe_inputs_as_the_original(model)
         for node in model.graph.nodes:
             if is_3d_convolution(node) and _is_quantized(node):
