@@ -65,3 +65,18 @@ def test_an_unsupported_release_only_warns_when_the_user_allows_it(tmp_path: Pat
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "imported"
     assert "ExecuTorch 1.6.0 is installed" in result.stderr and "going on untested" in result.stderr
+
+
+def test_the_runtime_verify_loads_has_the_quantized_kernels_whatever_was_imported_first() -> None:
+    """1.4.0's quantized kernel library registers nothing when imported before the runtime, and a second
+    import does nothing: a program with q/dq outside XNNPACK then failed to load in that process."""
+    script = (
+        "import json, sys, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "import executorch.kernels.quantized\n"  # before the runtime: what 1.4.0 cannot take
+        "from xnnguard.runtime_check.runtime_load import import_runtime\n"
+        "names = import_runtime()._get_operator_names()\n"
+        "json.dump([n for n in names if n.startswith('quantized_decomposed::')], sys.stdout)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert "quantized_decomposed::dequantize_per_tensor.out" in result.stdout

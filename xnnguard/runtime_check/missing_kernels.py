@@ -45,11 +45,9 @@ _PRINT_REGISTRY = (
 
 def _live_registry() -> frozenset[str]:
     """The registry of the runtime imported into this process (imports it if needed)."""
-    from executorch.extension.pybindings import portable_lib
+    from xnnguard.runtime_check.runtime_load import import_runtime
 
-    with suppress(ImportError):
-        import executorch.kernels.quantized  # noqa: F401  (registers the quantized_decomposed kernels)
-    return frozenset(portable_lib._get_operator_names())
+    return frozenset(import_runtime()._get_operator_names())
 
 
 def runtime_fingerprint() -> str | None:

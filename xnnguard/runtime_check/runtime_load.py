@@ -133,8 +133,12 @@ def import_runtime() -> Any:
         warnings.simplefilter("ignore")
         from executorch.extension.pybindings import portable_lib
 
-        with suppress(ImportError):  # q/dq left outside XNNPACK need these kernels; a shipped runtime links them
-            import executorch.kernels.quantized  # noqa: F401
+        from xnnguard.compat import load_quantized_kernels
+
+        # q/dq left outside XNNPACK need these kernels (a shipped runtime links them); on 1.4.0 they
+        # register only once the runtime is loaded, whatever was imported first
+        with suppress(ImportError, RuntimeError):
+            load_quantized_kernels()
     return portable_lib
 
 
