@@ -124,14 +124,16 @@ def test_a_same_padded_int8_conv_keeps_its_pad_in_its_own_match() -> None:
 
 
 class OwnPermuteQuantization(StockQuantizer):
-    """The stock quantizer, then each permute's output quantized with fixed parameters of its own: another
-    quantization on each side of the permute, which XNNPACK cannot run int8."""
+    """The stock quantizer, then each permute's (``op``'s) output quantized with fixed parameters of its
+    own: another quantization on each side of it, which XNNPACK cannot run int8."""
+
+    op = torch.ops.aten.permute.default
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         model = super().annotate(model)
         fixed = FixedQParamsQuantizationSpec(torch.int8, scale=1 / 16, zero_point=0, quant_min=-128, quant_max=127)
         for node in model.graph.nodes:
-            if node.target is torch.ops.aten.permute.default:
+            if node.target is self.op:
                 source = node.args[0]
                 node.meta[Q_ANNOTATION_KEY] = QuantizationAnnotation(
                     input_qspec_map={source: SharedQuantizationSpec(source)}, output_qspec=fixed, _annotated=True
@@ -146,6 +148,32 @@ class ConvPermuteConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.second(torch.relu(self.first(x)).permute(0, 2, 1, 3) * 3)
+
+
+class OwnSliceQuantization(OwnPermuteQuantization):
+    op = torch.ops.aten.slice.Tensor
+
+
+class ConvSliceConv(nn.Module):
+    """The class token of a video transformer's pooling: a slice that a ``cat`` after it quantizes anew."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Conv2d(4, 8, 1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x))[:, :, 1:] * 3)
+
+
+def test_an_int8_slice_with_another_quantization_on_each_side_runs_as_a_float_op_in_the_delegate() -> None:
+    """1.5.1 leaves such a slice outside (a delegate boundary each); as a float op it is exact."""
+    converted = quantize_pt2e(ConvSliceConv(), (X2D,), OwnSliceQuantization().set_global(STATIC))
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = lower(torch.export.export(converted, (X2D,)), (X2D,), partitioner)
+    (out,) = run_pte(lowered.buffer, (X2D,))
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1 and partitioner.report == []
+    reference = converted(X2D)
+    torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)
 
 
 def test_an_int8_permute_with_another_quantization_on_each_side_runs_as_a_float_op() -> None:

@@ -11,10 +11,12 @@ from typing import Any
 
 import torch
 from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, MMConfig
-from executorch.backends.xnnpack.partition.config.generic_node_configs import ConstantPadConfig
+from executorch.backends.xnnpack.partition.config.generic_node_configs import ConstantPadConfig, SliceCopyConfig
 from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType, XNNPartitionerConfig
 from executorch.backends.xnnpack.utils.quant_utils import is_dequant
 from torch.export import ExportedProgram
+
+from xnnguard.rules.quantization_match import quantization_mismatch
 
 __all__ = ["GUARDED_CONFIGS"]
 
@@ -70,8 +72,31 @@ class _Int8ConstantPadConfig(ConstantPadConfig):
         return [ConfigPrecisionType.FP32, ConfigPrecisionType.STATIC_QUANT]
 
 
+class _RequantizingSliceConfig(SliceCopyConfig):
+    """A slice between a dequantize and a quantize of other parameters is taken, as the float op it also is.
+
+    XNNPACK slices int8 only within one quantization, and 1.5.1 refuses such a slice outright: a
+    delegate boundary for each class token a ``cat`` quantizes anew (MViT). xnnguard's guard takes it
+    as a float slice, its q/dq conversions of their own (``xnnguard.rules.quantization_match``), as it
+    does a transpose. Only that refusal is lifted; the other checks are the stock ones (1.4 makes only
+    those).
+    """
+
+    def check_constraints(self, node: torch.fx.Node, ep: ExportedProgram) -> bool:
+        if super().check_constraints(node, ep):
+            return True
+        around = {*node.all_input_nodes, *node.users}
+        if quantization_mismatch(node, around) is None:
+            return False  # refused for another reason
+        stride = node.args[4] if len(node.args) > 4 else 1
+        shapes = (node.all_input_nodes[0].meta["val"].shape, node.meta["val"].shape)
+        static = all(isinstance(size, int) and size != 0 for shape in shapes for size in shape)
+        return bool(self.check_common_constraints(node, ep) and stride == 1 and static)
+
+
 GUARDED_CONFIGS: dict[type[XNNPartitionerConfig], type[XNNPartitionerConfig]] = {
     AddmmConfig: _AddmmConfig,
     MMConfig: _MMConfig,
     ConstantPadConfig: _Int8ConstantPadConfig,
+    SliceCopyConfig: _RequantizingSliceConfig,
 }
