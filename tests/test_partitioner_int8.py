@@ -98,7 +98,7 @@ class ConvPadSliceConv(nn.Module):
         return self.second(F.pad(self.first(x), (1, 1, 1, 1))[:, :4])
 
 
-def test_a_slice_of_a_zero_pad_shares_its_quantization_and_runs_in_the_same_delegate() -> None:
+def test_a_slice_of_a_zero_pad_shares_its_quantization_and_runs_int8_in_the_same_delegate() -> None:
     """XNNPACK slices int8 only with one quantization on both sides; the pad shares its input's, so must
     the slice after it (1.5.1's quantizer shares a slice's before the pad has any)."""
     model = ConvPadSliceConv()
@@ -107,6 +107,8 @@ def test_a_slice_of_a_zero_pad_shares_its_quantization_and_runs_in_the_same_dele
     lowered = lower(torch.export.export(converted, (X2D,)), (X2D,), partitioner)
     (out,) = run_pte(lowered.buffer, (X2D,))
     assert lowered.outside_ops() == {} and lowered.num_delegates == 1, partitioner.report
+    (cut,) = [n for n in lowered.delegated_nodes if "slice_copy" in str(n.target)]
+    assert cut.args[0].meta.get(IS_IMPLICIT_Q_DQ_TAG), "the slice reads a float tensor: it runs between two converts"
     reference = converted(X2D)
     torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference), rtol=0)
 
