@@ -16,3 +16,20 @@ without_pre_decomposition_hook = pytest.mark.skipif(
     reason="this ExecuTorch calls Partitioner.transform_for_pre_decomposition (1.5+): "
     "the ops_to_not_decompose fallback is not used",
 )
+
+
+def _names_placeholders_safely() -> bool:
+    from executorch.backends.transforms import utils
+
+    return hasattr(utils, "_create_placeholder_node")
+
+
+# ExecuTorch 1.4's DecomposeBatchNorm (a batch norm no conv precedes, int8) names its constant
+# placeholders after the node ("2_weight_decomposed_bn_weight"); torch.fx renames a name that starts with
+# a digit, and the pass then fails to find it: lowering raises, stock too, on any such 2-D batch norm.
+# 1.5.0 keeps the name fx gives (``_create_placeholder_node``).
+standalone_int8_batch_norm_fails_to_lower = pytest.mark.xfail(
+    not _names_placeholders_safely(),
+    reason="ExecuTorch 1.4's DecomposeBatchNorm cannot lower an int8 batch norm no conv precedes (stock too)",
+    strict=True,
+)

@@ -16,6 +16,7 @@ from torch import nn
 from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
 import xnnguard
+from tests.compat_marks import standalone_int8_batch_norm_fails_to_lower
 from tests.int8_reference import Int8, int8_against_the_original
 from xnnguard.report import Rule
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
@@ -102,8 +103,15 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 }
 
 
+# 1.4 cannot lower a batch norm no conv precedes in int8, rewritten or not
+NAMES = [
+    pytest.param(name, marks=standalone_int8_batch_norm_fails_to_lower) if name == "BatchNorm3d alone" else name
+    for name in CASES
+]
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", NAMES)
 def test_the_int8_program_of_a_rewritten_op_is_within_two_steps_of_the_original_op(name: str, mode: Int8) -> None:
     build, shape = CASES[name]
     torch.manual_seed(0)
@@ -113,7 +121,7 @@ def test_the_int8_program_of_a_rewritten_op_is_within_two_steps_of_the_original_
     assert result.steps <= 2, f"{result.steps:.2f} quantization steps from the original op quantized"
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", NAMES)
 def test_a_rewritten_op_rounds_where_the_original_op_rounds_and_nowhere_else(name: str) -> None:
     """Static int8: xnnguard's converted model quantizes activations at the original's scales, no others."""
     build, shape = CASES[name]
