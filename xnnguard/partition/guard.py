@@ -32,7 +32,7 @@ from xnnguard.partition import implicit_qdq
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rules.dynamic_conv_source import dynamic_conv_source_violation
 from xnnguard.rules.keep_out import keep_out_reason
-from xnnguard.rules.quantization_match import quantization_mismatch
+from xnnguard.rules.quantization_match import quantization_mismatch, shared_dequantize
 from xnnguard.rules.quantized_pad import unquantized_pad_violation
 
 if TYPE_CHECKING:
@@ -173,10 +173,10 @@ def _int8_checked(
 
     A pad that ExecuTorch makes int8 needs its dequantize implicit in the same match
     (``xnnguard.rules.quantized_pad``): otherwise the match is dropped. An op XNNPACK runs int8 only
-    within one quantization whose q/dq differ (``xnnguard.rules.quantization_match``) is taken as the
-    float op it also is: its q/dq leave the match and stay conversions of their own. A convolution whose
-    dynamically quantized input 1.5.1 would lay out wrongly (``xnnguard.rules.dynamic_conv_source``)
-    drops the match.
+    within one quantization whose q/dq differ, or whose dequantize other ops read too
+    (``xnnguard.rules.quantization_match``), is taken as the float op it also is: its q/dq leave the
+    match and stay conversions of their own. A convolution whose dynamically quantized input 1.5.1 would
+    lay out wrongly (``xnnguard.rules.dynamic_conv_source``) drops the match.
     """
     for member in nodes:
         violation = unquantized_pad_violation(member, implicit)
@@ -187,7 +187,7 @@ def _int8_checked(
         if violation is not None:
             ledger.keep_out(KeptOut(member.name, target_name(member), Rule.DYNAMIC_CONV_SOURCE, violation))
             return None
-    mismatch = quantization_mismatch(anchor, implicit)
+    mismatch = quantization_mismatch(anchor, implicit) or shared_dequantize(anchor, implicit)
     if mismatch is None:
         return nodes, implicit
     logger.debug("xnnguard: %s taken as a float op: %s", anchor.name, mismatch)

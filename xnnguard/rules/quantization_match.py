@@ -20,7 +20,7 @@ from xnnguard.graph.ops import is_op, op_of
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SAME_QUANTIZATION_OPS", "quantization_mismatch"]
+__all__ = ["SAME_QUANTIZATION_OPS", "quantization_mismatch", "shared_dequantize"]
 
 # Edge ops whose XNNPACK node requires one quantization on input and output (what they lower to).
 SAME_QUANTIZATION_OPS = frozenset(
@@ -67,4 +67,23 @@ def quantization_mismatch(node: torch.fx.Node, implicit: Collection[torch.fx.Nod
                     f"int8 {found[0]} with input scale {scale_in}, zero point {zero_in} and output scale "
                     f"{scale_out}, zero point {zero_out}: XNNPACK requires them equal"
                 )
+    return None
+
+
+def shared_dequantize(node: torch.fx.Node, implicit: Collection[torch.fx.Node]) -> str | None:
+    """Why ``node`` cannot take an implicit dequantize that another op also reads, or None.
+
+    An implicit dequantize is no node: every reader gets the int8 tensor behind it. 1.5.1 takes a slice
+    int8 only when it is its dequantize's one reader; a release whose graph shares one dequantize among
+    a slice and float ops (1.4.0) hands them int8 values XNNPACK refuses at load ("Failed to create
+    static slice node"). A value-moving op is exact in float, so it is taken so.
+    """
+    found = op_of(node)
+    if found is None or found[0] not in SAME_QUANTIZATION_OPS:
+        return None
+    for dequantize in node.all_input_nodes:
+        if dequantize in implicit and is_op(dequantize, _PER_TENSOR):
+            others = [user.name for user in dequantize.users if user is not node]
+            if others:
+                return f"int8 {found[0]} reads a dequantize that {', '.join(others)} also read"
     return None
