@@ -1,7 +1,9 @@
 """An op that only moves values keeps its input's quantization: a zero pad of int8 values is int8 values.
 
 The stock XNNPACK quantizer lets a view, permute or slice share its input's quantization
-(``propagate_annotation``) but leaves ``F.pad`` alone. A pad between two quantized ops then gets the
+(``propagate_annotation``) but leaves ``F.pad`` alone; 1.4's also leaves ``aten.slice.Tensor`` alone (it
+lists only ``slice_copy``, which a graph being quantized does not have), so each slice got an observer
+of its own there, and a quantize XNNPACK must run apart from the slice. A pad between two quantized ops then gets the
 next op's input quantization after it, and one read by a float op gets none: ExecuTorch's
 ``InsertPadQDQPass`` then makes it an int8 pad with a float input, which XNNPACK refuses at load
 (``xnnguard.rules.quantized_pad``). Zero padding adds the value 0, which every affine quantization
@@ -29,11 +31,15 @@ def _is_zero_pad(node: torch.fx.Node) -> bool:
     return False
 
 
+def _moves_values(node: torch.fx.Node) -> bool:
+    return _is_zero_pad(node) or node.target is _aten.slice.Tensor
+
+
 def share_input_quantization(model: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    """Annotate every zero pad whose input is quantized to share that quantization; return those pads."""
+    """Annotate every zero pad and slice whose input is quantized to share that quantization; return them."""
     shared = []
     for node in model.graph.nodes:
-        if node.op != "call_function" or not _is_zero_pad(node) or Q_ANNOTATION_KEY in node.meta:
+        if node.op != "call_function" or not _moves_values(node) or Q_ANNOTATION_KEY in node.meta:
             continue
         source = node.args[0]
         annotation = source.meta.get(Q_ANNOTATION_KEY) if isinstance(source, torch.fx.Node) else None
