@@ -144,14 +144,20 @@ def test_help_shows_examples_and_exit_codes(capsys) -> None:
     assert "xnnguard verify exported/ --load" in out and "2 an input cannot be read" in out
 
 
+def verify_in_a_process(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``xnnguard verify ARGV`` as its own process: what loads the runtime may crash or hang it."""
+    return subprocess.run([*XNNGUARD, "verify", *argv], capture_output=True, text=True, timeout=300, check=False)
+
+
+def runtime_breaking_program() -> bytes:
+    """A FullyConnected whose bias is its own output: 1.5's runtime crashes loading it, 1.4's hangs."""
+    from tests.mutation import edit
+
+    return edit(program("stock_int4_linear"), r"XNNFullyConnected/bias_id$", 4)
+
+
 def test_the_runtime_runs_in_workers_and_its_failure_is_reported(corpus_dir: Path) -> None:
-    result = subprocess.run(
-        [*XNNGUARD, "verify", str(corpus_dir), "--load", "--jobs", "2"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = verify_in_a_process(str(corpus_dir), "--load", "--jobs", "2")
     assert result.returncode == 1
     assert "[load] forward: the runtime cannot load the method" in result.stdout
     assert "Failed to define tensor" in result.stdout
@@ -247,18 +253,10 @@ def test_a_file_that_crashes_the_runtime_is_reported_alone(tmp_path) -> None:
     """A FullyConnected whose bias is its own output breaks the native runtime at load: 1.5 crashes, 1.4
     hangs (then --timeout stops it). That file gets the failure and its static problems; the files that
     shared the workers are checked as usual."""
-    from tests.mutation import edit
-
-    (tmp_path / "crash.pte").write_bytes(edit(program("stock_int4_linear"), r"XNNFullyConnected/bias_id$", 4))
+    (tmp_path / "crash.pte").write_bytes(runtime_breaking_program())
     for name in ("stock_float_conv_linear", "stock_qconv_linear", "stock_move_values"):
         write_program(tmp_path, name)
-    result = subprocess.run(
-        [*XNNGUARD, "verify", str(tmp_path), "--load", "--jobs", "2", "--timeout", "60", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = verify_in_a_process(str(tmp_path), "--load", "--jobs", "2", "--timeout", "60", "--json")
     reports = {Path(entry["source"]).stem: entry for entry in json.loads(result.stdout)["files"]}
     assert result.returncode == 1
     assert [name for name, report in reports.items() if not report["ok"]] == ["crash"]
@@ -270,17 +268,9 @@ def test_a_file_that_crashes_the_runtime_is_reported_alone(tmp_path) -> None:
 
 def test_a_file_still_loading_after_the_timeout_is_reported_as_hung_with_its_static_problems(tmp_path) -> None:
     """No load takes a millisecond: the child is stopped mid-load, the command ends, the file fails."""
-    from tests.mutation import edit
-
     path = tmp_path / "slow.pte"
-    path.write_bytes(edit(program("stock_int4_linear"), r"XNNFullyConnected/bias_id$", 4))
-    result = subprocess.run(
-        [*XNNGUARD, "verify", str(path), "--load", "--timeout", "0.001", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    path.write_bytes(runtime_breaking_program())
+    result = verify_in_a_process(str(path), "--load", "--timeout", "0.001", "--json")
     (report,) = json.loads(result.stdout)["files"]
     assert result.returncode == 1
     kinds = [problem["kind"] for problem in report["problems"]]
@@ -288,8 +278,8 @@ def test_a_file_still_loading_after_the_timeout_is_reported_as_hung_with_its_sta
     assert "the runtime did not finish loading it in 0.001 s" in report["problems"][-1]["message"]
 
 
-def test_a_timeout_that_is_not_a_number_of_seconds_is_a_usage_error() -> None:
-    result = subprocess.run(
-        [*XNNGUARD, "verify", "x.pte", "--timeout", "-1"], capture_output=True, text=True, check=False
-    )
-    assert result.returncode == 2 and "--timeout" in result.stderr and "give 0 (no limit)" in result.stderr
+def test_a_timeout_that_is_not_a_number_of_seconds_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["verify", "x.pte", "--timeout", "-1"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "--timeout" in err and "give 0 (no limit)" in err
