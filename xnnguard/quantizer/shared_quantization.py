@@ -1,13 +1,15 @@
 """An op that only moves values keeps its input's quantization: a zero pad of int8 values is int8 values.
 
 The stock XNNPACK quantizer lets a view, permute or slice share its input's quantization
-(``propagate_annotation``) but leaves ``F.pad`` alone; 1.4's also leaves ``aten.slice.Tensor`` alone (it
-lists only ``slice_copy``, which a graph being quantized does not have), so each slice got an observer
-of its own there, and a quantize XNNPACK must run apart from the slice. A pad between two quantized ops then gets the
+(``propagate_annotation``) but leaves ``F.pad`` alone. A pad between two quantized ops then gets the
 next op's input quantization after it, and one read by a float op gets none: ExecuTorch's
 ``InsertPadQDQPass`` then makes it an int8 pad with a float input, which XNNPACK refuses at load
 (``xnnguard.rules.quantized_pad``). Zero padding adds the value 0, which every affine quantization
 represents exactly, so sharing the input's quantization adds no rounding, and XNNPACK runs the pad int8.
+
+1.4's stock quantizer also leaves ``aten.slice.Tensor`` alone (it lists only ``slice_copy``, which a
+graph being quantized does not have): each slice got an observer of its own there, and XNNPACK a
+quantize apart from the slice. A slice only moves values, so it shares here too.
 """
 
 from __future__ import annotations
