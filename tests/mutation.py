@@ -216,14 +216,16 @@ _REPO = Path(__file__).resolve().parent.parent
 class RuntimeSandbox:
     """Loads and runs programs with the real ExecuTorch runtime in a worker process.
 
-    ``outcome(data)`` returns ``"runs"``, ``"load"`` or ``"run"`` (what failed, with the runtime's message
-    in ``last_message``), ``"crash"`` (the worker died: the native runtime crashed) or ``"timeout"``. The
-    worker imports the runtime once and serves programs until it dies; then the next one starts it again.
+    ``outcome(data)`` returns ``"runs"`` (with a hash of the outputs in ``last_outputs``), ``"load"``
+    or ``"run"`` (what failed, with the runtime's message in ``last_message``), ``"crash"`` (the worker
+    died: the native runtime crashed) or ``"timeout"``. The worker imports the runtime once and serves
+    programs until it dies; then the next one starts it again.
     """
 
     def __init__(self, timeout: float = 60.0) -> None:
         self.timeout = timeout
         self.last_message = ""
+        self.last_outputs = ""  # a hash of the outputs of the last program that ran
         self._process: subprocess.Popen[str] | None = None
         self._directory = tempfile.TemporaryDirectory(prefix="xnnguard-sandbox-")
         self.restarts = 0
@@ -243,6 +245,7 @@ class RuntimeSandbox:
         return self._process
 
     def outcome(self, data: bytes) -> str:
+        self.last_message = self.last_outputs = ""
         path = Path(self._directory.name, "program.pte")
         path.write_bytes(data)
         process = self._start()
@@ -269,6 +272,7 @@ class RuntimeSandbox:
             return "crash"
         answer = json.loads(line)
         self.last_message = answer.get("message", "")
+        self.last_outputs = answer.get("outputs", "")
         return str(answer["outcome"])
 
     def close(self) -> None:
@@ -288,6 +292,21 @@ class RuntimeSandbox:
         self.close()
 
 
+def _outputs_digest(data: bytes, names: list[str]) -> str:
+    """A hash of every method's outputs on the inputs ``load_and_run`` generates (seeded, so the same each time)."""
+    import hashlib
+
+    from xnnguard.runtime_check.runtime_load import _inputs, _load_program
+
+    digest = hashlib.sha256()
+    program = _load_program(data)  # holds its own copy of the bytes
+    for name in names:
+        method = program.load_method(name)
+        for output in method.call(_inputs(method.method_meta())):
+            digest.update(output.contiguous().numpy().tobytes() if hasattr(output, "numpy") else repr(output).encode())
+    return digest.hexdigest()
+
+
 def _serve() -> None:
     """The worker: one path per line in, one JSON outcome per line out."""
     import warnings
@@ -304,7 +323,8 @@ def _serve() -> None:
         kinds = [problem.kind for problem in result.problems]
         outcome = "load" if "load" in kinds else "run" if "run" in kinds else "runs" if result.ran else "skipped"
         message = "; ".join(problem.message for problem in result.problems)[:500]
-        sys.stdout.write(json.dumps({"outcome": outcome, "message": message}) + "\n")
+        digest = _outputs_digest(data, names) if outcome == "runs" else ""
+        sys.stdout.write(json.dumps({"outcome": outcome, "message": message, "outputs": digest}) + "\n")
         sys.stdout.flush()
 
 

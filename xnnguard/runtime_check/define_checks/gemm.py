@@ -30,6 +30,7 @@ from xnnguard.runtime_check.define_checks.shapes import (
     broadcast,
     require,
     require_allocatable,
+    require_channels_agree,
 )
 from xnnguard.runtime_check.xnnpack_blob import PerChannelGroupQuant, PerChannelQuant, PerTensorQuant, XnnValue
 
@@ -503,7 +504,9 @@ def reshape_fully_connected(view: NodeView, shape_of: ShapeOf) -> dict[str, Shap
     transpose = view.param("flags") & _TRANSPOSE
     in_ch, out_ch = (filter_shape[0], filter_shape[1]) if transpose else (filter_shape[-1], filter_shape[0])
     require(in_ch != 0, "the filter has 0 input channels")
-    require(source[-1] == in_ch, f"the input {list(source)} has {source[-1]} channels, the filter {in_ch}")
+    require_channels_agree(
+        source[-1] == in_ch, f"the input {list(source)} has {source[-1]} channels, the filter {in_ch}"
+    )
     return {"output_id": (*source[:-1], out_ch)}
 
 
@@ -521,7 +524,7 @@ def reshape_convolution(view: NodeView, shape_of: ShapeOf) -> dict[str, Shape]:
     if _is_pointwise(view):
         filter_shape = shape_of("filter_id")
         require(len(source) >= 1, "the input has rank 0")
-        require(
+        require_channels_agree(
             source[-1] == filter_shape[-1],
             f"the input {list(source)} has {source[-1]} channels, the filter {filter_shape[-1]}",
         )
@@ -533,7 +536,9 @@ def reshape_convolution(view: NodeView, shape_of: ShapeOf) -> dict[str, Shape]:
         require(len(source) >= 3, f"the input has {len(source)} dims, a convolution needs at least 3")
         in_channels, out_channels = groups * gic, groups * goc
     batch, height, width, channels = _spatial(source)
-    require(channels == in_channels, f"the input {list(source)} has {channels} channels, the node takes {in_channels}")
+    # 1.4's XNNPACK fails a depthwise convolution whose channels disagree too (the reshape_convolution_depthwise case)
+    agree = require if view.op == "XNNDepthwiseConv2d" else require_channels_agree
+    agree(channels == in_channels, f"the input {list(source)} has {channels} channels, the node takes {in_channels}")
     require(height > 0 and width > 0, f"the input {list(source)} is empty")
     same = bool(view.param("flags") & _SAME_PADDING)
     out_h = _conv_output(
@@ -586,7 +591,7 @@ def reshape_batch_matrix_multiply(view: NodeView, shape_of: ShapeOf) -> dict[str
     transpose = view.param("flags") & _TRANSPOSE
     m, k = a[-2], a[-1]
     n, k_b = (b[-2], b[-1]) if transpose else (b[-1], b[-2])
-    require(k == k_b, f"the inputs {list(a)} and {list(b)} disagree on K ({k} vs {k_b})")
+    require(k == k_b, f"the inputs {list(a)} and {list(b)} disagree on K ({k} vs {k_b})")  # 1.4's XNNPACK checks it too
     batch = broadcast(a[:-2], b[:-2], "the batch dims of") if (a[:-2] or b[:-2]) else ()
     return {"output_id": (*batch, m, n)}
 

@@ -19,7 +19,16 @@ from xnnguard.runtime_check.define_checks.base import AT_RUN, Finding, NodeView,
 from xnnguard.runtime_check.pte_reader import DelegateCall, TensorMeta
 from xnnguard.runtime_check.xnnpack_blob import XnnGraph, XnnValue
 
-__all__ = ["Reshape", "ReshapeFailure", "Shape", "ShapeOf", "broadcast", "propagate_shapes", "require"]
+__all__ = [
+    "Reshape",
+    "ReshapeFailure",
+    "Shape",
+    "ShapeOf",
+    "broadcast",
+    "propagate_shapes",
+    "require",
+    "require_channels_agree",
+]
 
 logger = logging.getLogger("xnnguard.runtime_check")
 
@@ -36,9 +45,22 @@ class _Unknown(Exception):
     """An input's runtime shape is not known (it comes from a node whose reshape failed or is not modelled)."""
 
 
+class _ChannelsDisagree(ReshapeFailure):
+    """A convolution's or fully connected's input has other channels than the node was created for: the
+    XNNPACK of ExecuTorch 1.5 checks this at reshape; the older XNNPACK of 1.4 does not, and runs the node
+    on them (measured: tests/test_runtime_check_define.py, the reshape_convolution and
+    reshape_fully_connected cases)."""
+
+
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise ReshapeFailure(message)
+
+
+def require_channels_agree(condition: bool, message: str) -> None:
+    """``require`` for the channel agreement of a convolution or fully connected."""
+    if not condition:
+        raise _ChannelsDisagree(message)
 
 
 # Past this many bytes for one tensor or one operator buffer, XNNPACK's allocation at the first run fails
@@ -146,6 +168,16 @@ def propagate_shapes(
         try:
             computed = reshape(view, shape_of)
         except _Unknown:
+            computed = {}
+        except _ChannelsDisagree as failure:
+            yield (
+                node.index,
+                Finding(
+                    "shape",
+                    f"{failure}: {AT_RUN} on the XNNPACK of ExecuTorch 1.5 (its reshape fails); the XNNPACK of 1.4 "
+                    "does not check this and runs the node on shapes that do not agree, computing wrong values",
+                ),
+            )
             computed = {}
         except ReshapeFailure as failure:
             yield node.index, Finding("shape", f"{failure}: {AT_RUN} (XNNPACK's reshape fails)")
