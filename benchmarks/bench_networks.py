@@ -26,13 +26,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.network_report import Result, details, lower_in_fresh_process, time_network
+from benchmarks.network_report import (
+    MAX_DELEGATES,
+    Result,
+    compute_outside,
+    details,
+    lower_in_fresh_process,
+    time_network,
+)
 
 MIN_RATIO = 1.5
 MEDIAN_RATIO = 4.0
-MAX_DELEGATES = 3
-# What a graph outside the delegates may keep without counting as compute left on portable kernels.
-NOT_COMPUTE = ("getitem", "executorch_call_delegate", "alloc", "sym_size", "_assert", "dim_order_ops")
 
 VARIANTS = {  # name: (precision, batch)
     "float": ("float", "static"),
@@ -56,18 +60,12 @@ class Row:
         return r.eager_ms / r.et_ms if r and r.eager_ms and r.et_ms else None
 
 
-def _compute_outside(result: Result) -> int | None:
-    if result.outside is None:
-        return None
-    return sum(n for kind, n in result.outside_kinds if not any(word in kind for word in NOT_COMPUTE))
-
-
 def _cell(result: Result | None) -> str:
     if result is None:
         return "-"
     if result.status != "ok":
         return result.status
-    return f"{result.delegates} / {_compute_outside(result)}"
+    return f"{result.delegates} / {compute_outside(result)}"
 
 
 def misses(rows: list[Row]) -> list[str]:
@@ -85,7 +83,7 @@ def misses(rows: list[Row]) -> list[str]:
                 continue
             if result.delegates is not None and result.delegates > MAX_DELEGATES:
                 found.append(f"{row.network} [{variant}]: {result.delegates} delegates > {MAX_DELEGATES}")
-            outside = _compute_outside(result)
+            outside = compute_outside(result)
             if outside:
                 found.append(f"{row.network} [{variant}]: {outside} compute ops outside XNNPACK")
             if variant != "float" and base and base.status == "ok" and result.delegates != base.delegates:

@@ -47,6 +47,10 @@ LOWER_TIMEOUT_S = 1800
 TOP_KINDS = 4
 # A network "matches" when its max error, relative to the output's scale, is below this.
 TOLERANCE = {"float": 1e-3, "static": 0.05, "dynamic": 0.05}
+# Issue 12's target: at most this many XNNPACK delegates per network, and no compute op outside them.
+MAX_DELEGATES = 3
+# What a graph outside the delegates may keep without counting as compute left on portable kernels.
+NOT_COMPUTE = ("getitem", "executorch_call_delegate", "alloc", "sym_size", "_assert", "dim_order_ops")
 
 
 @dataclass
@@ -68,6 +72,7 @@ class Result:
     float_err: float | None = None  # int8 only: the same measure against the float eager model
     rewrite_report: list[str] = field(default_factory=list)
     kept_out: list[str] = field(default_factory=list)
+    no_equivalent: list[str] = field(default_factory=list)  # ops of the kept-out nodes no XNNPACK node computes
     left_in_float: list[str] = field(default_factory=list)
     lower_s: float | None = None
     pte: str | None = None
@@ -246,6 +251,8 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
             edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
         count_graph(edge, result)
         result.kept_out = [str(record) for record in getattr(partitioner, "kept_out", ())]
+        result.no_equivalent = [record.op for record in getattr(partitioner, "kept_out", ())
+                                if record.rule == "no_xnnpack_equivalent"]
         with stage("serialize", result):
             buffer = edge.to_executorch().buffer
         result.lower_s = time.perf_counter() - started
@@ -273,6 +280,16 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
         result.status = f"{error.stage} failed"
         result.error = str(error)
     return result
+
+
+def compute_outside(result: Result) -> int | None:
+    """Compute ops the lowering left outside XNNPACK (on portable kernels) that some XNNPACK node could
+    compute: not ``NOT_COMPUTE``, and not what the partitioner names as having no XNNPACK equivalent."""
+    if result.outside is None:
+        return None
+    floor = Counter(result.no_equivalent)
+    return sum(max(0, n - floor[kind]) for kind, n in result.outside_kinds
+               if not any(word in kind for word in NOT_COMPUTE))
 
 
 def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float | None:

@@ -95,3 +95,41 @@ def test_the_users_logging_sees_what_it_saw_before(caplog: pytest.LogCaptureFixt
     caplog.set_level(logging.DEBUG, logger="executorch.backends.xnnpack.partition.config")
     lower(NormThenMean().eval(), X, xnnguard.XnnpackPartitioner())
     assert any("mean.dim only supports averaging 4D tensors" in line for line in _why_records(caplog))
+
+
+class GatherByInput(torch.nn.Module):
+    """Rows of a table picked by position ids the caller passes (Qwen2-VL's rotary table), then a linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(10, 16))
+        self.linear = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.linear(x * self.table[ids])
+
+
+def test_a_gather_by_run_time_indices_is_reported_as_having_no_xnnpack_equivalent() -> None:
+    model, partitioner = GatherByInput().eval(), xnnguard.XnnpackPartitioner()
+    inputs = (torch.randn(4, 16), torch.tensor([3, 1, 4, 1]))
+    lowered = lower(model, inputs, partitioner)
+    torch.testing.assert_close(run_pte(lowered.buffer, inputs)[0], model(*inputs), atol=1e-5, rtol=1e-5)
+    (gather,) = [record for record in partitioner.report if record.op == "aten.index.Tensor"]
+    assert gather.rule is Rule.NO_XNNPACK_EQUIVALENT
+    assert "XNNPACK has no gather" in gather.reason and "ids" in gather.reason
+
+
+class IntegerArithmetic(torch.nn.Module):
+    """A float op, and an int64 sum next to it: the sum has nothing in XNNPACK to run on."""
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(x), counts + counts
+
+
+def test_an_op_on_integer_tensors_is_reported_as_having_no_xnnpack_equivalent() -> None:
+    model, partitioner = IntegerArithmetic().eval(), xnnguard.XnnpackPartitioner()
+    inputs = (torch.randn(2, 3), torch.tensor([1, 2, 3]))
+    lower(model, inputs, partitioner)
+    (add,) = [record for record in partitioner.report if "add" in record.op]
+    assert add.rule is Rule.NO_XNNPACK_EQUIVALENT
+    assert add.reason == "computes an int64 tensor: XNNPACK takes no integer tensors"

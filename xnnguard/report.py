@@ -24,6 +24,7 @@ class Rule(str, Enum):
     QUANTIZED_PAD = "quantized_pad"  # xnnguard.rules.quantized_pad
     DYNAMIC_CONV_SOURCE = "dynamic_conv_source"  # xnnguard.rules.dynamic_conv_source
     EXTRA_ROUNDING = "extra_rounding"  # a rewritten form that, quantized, rounds where the original does not
+    NO_XNNPACK_EQUIVALENT = "no_xnnpack_equivalent"  # xnnguard.rules.no_equivalent: no XNNPACK node computes it
     NO_XNNPACK_CONFIG = "no_xnnpack_config"  # xnnguard.partition.outside: ExecuTorch has no XNNPACK config for the op
     XNNPACK_CONFIG = "xnnpack_config"  # xnnguard.partition.outside: ExecuTorch's XNNPACK config refused it
 

@@ -4,10 +4,12 @@
 
 1. a rule of xnnguard's (``keep_out_reason``: above 6 dims, a 3-D convolution, a tag, ...) — asked here
    too for nodes no config is registered for, such as a ``max_pool3d`` the rewrite left tagged;
-2. ExecuTorch's XNNPACK config for the op refused it: its own reason, the ``why(...)`` text it logs at
+2. nothing XNNPACK runs computes it (``xnnguard.rules.no_equivalent``: an integer tensor, a gather by
+   indices known only at run time);
+3. ExecuTorch's XNNPACK config for the op refused it: its own reason, the ``why(...)`` text it logs at
    DEBUG (``xnnguard.partition.why``), or, where it gives none, which config refused it;
-3. no XNNPACK config takes the operator at all (``aten.native_layer_norm.default``);
-4. its config took it into a match but no partition kept that match (the stock grouping split it off).
+4. no XNNPACK config takes the operator at all (``aten.native_layer_norm.default``);
+5. its config took it into a match but no partition kept that match (the stock grouping split it off).
 
 Only operator calls count: ``getitem`` and the other Python operators that read a tuple or compute a
 size are not ops XNNPACK could run.
@@ -23,6 +25,7 @@ from executorch.exir.backend.canonical_partitioners.config_partitioner import fo
 from xnnguard.graph.ops import target_name
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rules.keep_out import keep_out_reason
+from xnnguard.rules.no_equivalent import no_xnnpack_equivalent
 
 if TYPE_CHECKING:
     import torch
@@ -53,6 +56,8 @@ def outside_record(
     if record is not None:
         return record
     op = target_name(node)
+    if (floor := no_xnnpack_equivalent(node)) is not None:
+        return KeptOut(node.name, op, Rule.NO_XNNPACK_EQUIVALENT, floor)
     if node in refused:
         reason = reasons.get(node) or f"{refused[node]}.check_constraints refuses it (it gives no reason)"
         return KeptOut(node.name, op, Rule.XNNPACK_CONFIG, f"XNNPACK's {refused[node]}: {reason}")

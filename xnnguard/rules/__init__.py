@@ -5,6 +5,7 @@
 * ``max_reduction``: a max over one dim keeps it, written 2 or 3 of a 4-D tensor;
 * ``prelu_rank``: PReLU on 4-D tensors only;
 * ``passthrough_output``: a partition output stays a value of its own once copies are dropped;
+* ``no_equivalent``: what no XNNPACK node computes (integer tensors, gathers by run-time indices);
 * ``tagged``: a node tagged do-not-delegate stays out (the tag names the rule that set it);
 * ``keep_out``: ``keep_out_reason``, the one function the tag passes, the partitioner and the
   rewrites ask.

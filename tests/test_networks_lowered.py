@@ -1,0 +1,27 @@
+"""Each network kind of the zoo, at its test size, goes onto XNNPACK whole through xnnguard's flow.
+
+The flow is ``rewrite_for_xnnpack`` then ``xnnguard.XnnpackPartitioner`` (``benchmarks.network_report``,
+the one the benchmark runs at bench size). Each network ends up on at most three XNNPACK delegates with
+no compute op left on portable kernels. It loads and runs with the real runtime, and matches eager.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.network_report import MAX_DELEGATES, compute_outside, lower_network
+
+# One network per kind issue 12 names; the zoo's variants of a kind (SDPA, dynamic) are not repeated.
+KINDS = ("mvit", "s3d", "r2plus1d", "swin3d", "unet3d", "unet3d_gn", "video_vae", "videomae", "hiera", "qwen_vision")
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_a_network_runs_on_at_most_three_delegates_with_no_compute_outside_and_matches_eager(
+    name: str, tmp_path: Path
+) -> None:
+    result = lower_network(name, "test", "float", False, tmp_path)
+    assert result.status == "ok", result.error
+    assert result.delegates is not None and 1 <= result.delegates <= MAX_DELEGATES, result.delegates
+    assert compute_outside(result) == 0, result.outside_kinds
