@@ -39,13 +39,15 @@ from typing import Any
 
 import torch
 
+from benchmarks.rounding_floor import rounding_floor
 from benchmarks.timing import REPO, median_ms, print_ms, time_in_fresh_process
 
 PRECISIONS = ("float", "static", "dynamic")
 ROUNDS = 3  # fresh processes per side, alternating
 LOWER_TIMEOUT_S = 1800
 TOP_KINDS = 4
-# A network "matches" when its max error, relative to the output's scale, is below this.
+# A network "matches" when its max error, relative to the output's scale, is below this (int8: or below its
+# rounding floor, benchmarks.rounding_floor).
 TOLERANCE = {"float": 1e-3, "static": 0.05, "dynamic": 0.05}
 # Issue 12's target: at most this many XNNPACK delegates per network, and no compute op outside them.
 MAX_DELEGATES = 3
@@ -70,6 +72,7 @@ class Result:
     outside_kinds: list[tuple[str, int]] = field(default_factory=list)
     max_err: float | None = None
     float_err: float | None = None  # int8 only: the same measure against the float eager model
+    rounding_floor: float | None = None  # int8 only: benchmarks.rounding_floor of the converted model
     rewrite_report: list[str] = field(default_factory=list)
     kept_out: list[str] = field(default_factory=list)
     no_equivalent: list[str] = field(default_factory=list)  # ops of the kept-out nodes no XNNPACK node computes
@@ -215,6 +218,7 @@ def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: R
         prepared(*inputs)  # calibrate on the example input
         converted = convert_pt2e(prepared)
         expected = _first_tensor(converted(*inputs))
+        result.rounding_floor = rounding_floor(converted, inputs)
         ep = torch.export.export(converted, export_inputs, dynamic_shapes=dynamic_shapes)
     result.left_in_float = [str(record) for record in getattr(quantizer, "left_in_float", ())]
     return ep, expected
@@ -272,10 +276,12 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
         if precision != "float":
             with torch.no_grad():
                 result.float_err = _relative_error(got, _first_tensor(model(*inputs)))
-        if result.max_err is None or not result.max_err <= TOLERANCE[precision]:
+        # int8: an error below what one-step rounding differences cause is as close as rounding allows
+        tolerance = max(TOLERANCE[precision], result.rounding_floor or 0.0)
+        if result.max_err is None or not result.max_err <= tolerance:
             result.status = "mismatch"
             result.error = (f"output shape {tuple(got.shape)} vs {tuple(expected.shape)}" if result.max_err is None
-                            else f"max error {result.max_err:.3g} of the output scale > {TOLERANCE[precision]}")
+                            else f"max error {result.max_err:.3g} of the output scale > {tolerance:.3g}")
     except StageError as error:
         result.status = f"{error.stage} failed"
         result.error = str(error)
@@ -383,12 +389,12 @@ def _num(value: float | None, fmt: str) -> str:
 def table(results: Sequence[Result]) -> str:
     quantized = any(r.precision != "float" for r in results)
     header = ("network", "result", "delegates", "ops outside (top kinds)", "max err",
-              *(("err vs float",) if quantized else ()), "eager ms", "ET ms", "eager/ET")
+              *(("err vs float", "rounding floor") if quantized else ()), "eager ms", "ET ms", "eager/ET")
     rows = []
     for r in results:
         ratio = r.eager_ms / r.et_ms if r.eager_ms and r.et_ms else None
         rows.append((r.network, r.status, _num(r.delegates, "d"), _kinds(r), _num(r.max_err, ".2e"),
-                     *((_num(r.float_err, ".2e"),) if quantized else ()),
+                     *((_num(r.float_err, ".2e"), _num(r.rounding_floor, ".2e")) if quantized else ()),
                      _num(r.eager_ms, ".1f"), _num(r.et_ms, ".1f"), _num(ratio, ".2f")))
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     lines = [" | ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows)]

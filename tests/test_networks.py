@@ -29,3 +29,20 @@ def test_network_builds_deterministically_and_exports(name: str) -> None:
 def test_unknown_size_names_the_sizes() -> None:
     with pytest.raises(ValueError, match="bench, test"):
         NETWORKS["mvit"]("huge")
+
+
+def test_the_rounding_floor_is_zero_when_no_activation_moves_and_grows_as_more_do() -> None:
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from benchmarks.rounding_floor import rounding_floor
+    from tests.support import xnnpack_quantizer
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).eval()
+    inputs = (torch.randn(1, 3, 16, 16),)
+    prepared = prepare_pt2e(torch.export.export(model, inputs).module(), xnnpack_quantizer())
+    prepared(*inputs)
+    converted = convert_pt2e(prepared)
+    before = converted(*inputs)
+    floors = [rounding_floor(converted, inputs, fraction) for fraction in (0.0, 0.01, 0.5)]
+    assert floors[0] == 0.0 and 0.0 < floors[1] < floors[2]  # type: ignore[operator]
+    torch.testing.assert_close(converted(*inputs), before, atol=0, rtol=0)  # the model itself is left as it was
