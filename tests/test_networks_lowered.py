@@ -3,6 +3,8 @@
 The flow is ``rewrite_for_xnnpack`` then ``xnnguard.XnnpackPartitioner`` (``benchmarks.network_report``,
 the one the benchmark runs at bench size). Each network ends up on at most three XNNPACK delegates with
 no compute op left on portable kernels. It loads and runs with the real runtime, and matches eager.
+Quantized with ``xnnguard.XNNPACKQuantizer`` (static int8, calibrated on the example input) it keeps those
+targets and matches its converted pt2e model, as closely as rounding lets it (``benchmarks.rounding_floor``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ def test_a_network_runs_on_at_most_three_delegates_with_no_compute_outside_and_m
     name: str, tmp_path: Path
 ) -> None:
     result = lower_network(name, "test", "float", False, tmp_path)
+    assert result.status == "ok", result.error
+    assert result.delegates is not None and 1 <= result.delegates <= MAX_DELEGATES, result.delegates
+    assert compute_outside(result) == 0, result.outside_kinds
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_a_network_in_static_int8_runs_on_at_most_three_delegates_with_no_compute_outside_and_matches(
+    name: str, tmp_path: Path
+) -> None:
+    result = lower_network(name, "test", "static", False, tmp_path)
     assert result.status == "ok", result.error
     assert result.delegates is not None and 1 <= result.delegates <= MAX_DELEGATES, result.delegates
     assert compute_outside(result) == 0, result.outside_kinds
