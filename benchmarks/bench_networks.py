@@ -11,9 +11,11 @@ fresh processes with the same thread count and environment (``benchmarks.timing`
 * at most ``MAX_DELEGATES`` XNNPACK delegates per network, and no compute op outside them;
 * static and dynamic int8, and a dynamic batch: as many delegates as float.
 
-A miss is printed as such (``main`` returns False); the per-network details say what stayed outside and
-why (the rewriter's and the partitioner's reports). ``python -m benchmarks.bench_networks [NAME...]``
-runs some networks only; ``--variant`` picks variants.
+Each float row also has its ceiling (``benchmarks.gemm_floor``): eager ms over XNNPACK's time for the
+network's convolutions and matmuls alone, the most any lowering can reach with XNNPACK's kernels; a
+missed speed target is printed with it. A miss is printed as such (``main`` returns False); the
+per-network details say what stayed outside and why (the rewriter's and the partitioner's reports).
+``python -m benchmarks.bench_networks [NAME...]`` runs some networks only; ``--variant`` picks variants.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.gemm_floor import heavy_ops_ms
 from benchmarks.network_report import (
     MAX_DELEGATES,
     Result,
@@ -55,9 +58,16 @@ class Row:
     network: str
     results: dict[str, Result]
 
+    heavy_ms: float | None = None  # ExecuTorch ms of the network's convs and matmuls alone (gemm_floor)
+
     def ratio(self) -> float | None:
         r = self.results.get("float")
         return r.eager_ms / r.et_ms if r and r.eager_ms and r.et_ms else None
+
+    def ceiling(self) -> float | None:
+        """Eager ms over the heavy ops' ExecuTorch ms: the most any lowering can reach with XNNPACK's kernels."""
+        r = self.results.get("float")
+        return r.eager_ms / self.heavy_ms if r and r.eager_ms and self.heavy_ms else None
 
 
 def _cell(result: Result | None) -> str:
@@ -76,7 +86,7 @@ def misses(rows: list[Row]) -> list[str]:
         base = row.results.get("float")
         ratio = row.ratio()
         if ratio is not None and ratio < MIN_RATIO:
-            found.append(f"{row.network}: eager/ET {ratio:.2f} < {MIN_RATIO}")
+            found.append(f"{row.network}: eager/ET {ratio:.2f} < {MIN_RATIO}" + _bound(row.ceiling(), MIN_RATIO))
         for variant, result in row.results.items():
             if result.status != "ok":
                 found.append(f"{row.network} [{variant}]: {result.status}")
@@ -88,13 +98,24 @@ def misses(rows: list[Row]) -> list[str]:
                 found.append(f"{row.network} [{variant}]: {outside} compute ops outside XNNPACK")
             if variant != "float" and base and base.status == "ok" and result.delegates != base.delegates:
                 found.append(f"{row.network} [{variant}]: {result.delegates} delegates, float has {base.delegates}")
+    ceilings = [ceiling for row in rows if row.network in COUNTED and (ceiling := row.ceiling()) is not None]
     if ratios and statistics.median(ratios) < MEDIAN_RATIO:
-        found.append(f"median eager/ET {statistics.median(ratios):.2f} < {MEDIAN_RATIO}")
+        found.append(f"median eager/ET {statistics.median(ratios):.2f} < {MEDIAN_RATIO}"
+                     + _bound(statistics.median(ceilings) if ceilings else None, MEDIAN_RATIO))
     return found
 
 
+def _bound(ceiling: float | None, target: float) -> str:
+    """What the floor says about a missed speed target."""
+    if ceiling is None:
+        return ""
+    return (f" (ceiling {ceiling:.2f}: XNNPACK's convs and matmuls alone take that long, "
+            f"{'so the target is out of reach with its kernels' if ceiling < target else 'room is left'})")
+
+
 def table(rows: list[Row], variants: list[str]) -> str:
-    header = ("network", *(f"{v} (deleg / outside)" for v in variants), "eager ms", "ET ms", "eager/ET")
+    header = ("network", *(f"{v} (deleg / outside)" for v in variants), "eager ms", "ET ms", "eager/ET",
+              "heavy ops ET ms", "ceiling")
     lines = []
     for row in rows:
         base = row.results.get("float")
@@ -102,7 +123,9 @@ def table(rows: list[Row], variants: list[str]) -> str:
         lines.append((row.network, *(_cell(row.results.get(v)) for v in variants),
                       f"{base.eager_ms:.1f}" if base and base.eager_ms else "-",
                       f"{base.et_ms:.1f}" if base and base.et_ms else "-",
-                      f"{ratio:.2f}" if ratio else "-"))
+                      f"{ratio:.2f}" if ratio else "-",
+                      f"{row.heavy_ms:.1f}" if row.heavy_ms else "-",
+                      f"{ceiling:.2f}" if (ceiling := row.ceiling()) else "-"))
     widths = [max(len(str(line[i])) for line in (header, *lines)) for i in range(len(header))]
     out = [" | ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in (header, *lines)]
     out.insert(1, "-|-".join("-" * w for w in widths))
@@ -126,7 +149,10 @@ def main(names: list[str] | None = None, variants: list[str] | None = None, thre
                 if variant == "float":
                     time_network(result, threads)
                 results[variant] = result
-            rows.append(Row(name, results))
+            row = Row(name, results)
+            if "float" in results and results["float"].status == "ok":
+                row.heavy_ms = heavy_ops_ms(name, threads, Path(tmp))
+            rows.append(row)
     print(f"Whole networks, xnnguard flow, bench size, {threads} threads; each cell: XNNPACK delegates / compute "
           f"ops outside them; eager/ET of float (target >= {MIN_RATIO} each, median >= {MEDIAN_RATIO})")
     print(table(rows, variants))
