@@ -19,21 +19,12 @@ from benchmarks.network_report import MAX_DELEGATES, compute_outside, lower_netw
 KINDS = ("mvit", "s3d", "r2plus1d", "swin3d", "unet3d", "unet3d_gn", "video_vae", "videomae", "hiera", "qwen_vision")
 
 
+@pytest.mark.parametrize("precision", ["float", "static"])
 @pytest.mark.parametrize("name", KINDS)
-def test_a_network_runs_on_at_most_three_delegates_with_no_compute_outside_and_matches_eager(
-    name: str, tmp_path: Path
+def test_a_network_runs_on_at_most_three_delegates_with_no_compute_outside_and_matches(
+    name: str, precision: str, tmp_path: Path
 ) -> None:
-    result = lower_network(name, "test", "float", False, tmp_path)
-    assert result.status == "ok", result.error
-    assert result.delegates is not None and 1 <= result.delegates <= MAX_DELEGATES, result.delegates
-    assert compute_outside(result) == 0, result.outside_kinds
-
-
-@pytest.mark.parametrize("name", KINDS)
-def test_a_network_in_static_int8_runs_on_at_most_three_delegates_with_no_compute_outside_and_matches(
-    name: str, tmp_path: Path
-) -> None:
-    result = lower_network(name, "test", "static", False, tmp_path)
+    result = lower_network(name, "test", precision, False, tmp_path)
     assert result.status == "ok", result.error
     assert result.delegates is not None and 1 <= result.delegates <= MAX_DELEGATES, result.delegates
     assert compute_outside(result) == 0, result.outside_kinds
