@@ -29,8 +29,9 @@ class Rule(str, Enum):
     XNNPACK_CONFIG = "xnnpack_config"  # xnnguard.partition.outside: ExecuTorch's XNNPACK config refused it
 
 
-# The records that give ExecuTorch's own reason, for nodes no rule of xnnguard's kept out.
-STOCK_RULES = frozenset({Rule.NO_XNNPACK_CONFIG, Rule.XNNPACK_CONFIG})
+# The records of nodes no rule of xnnguard's kept out: ExecuTorch's own reason, or that nothing XNNPACK
+# runs computes them.
+STOCK_RULES = frozenset({Rule.NO_XNNPACK_EQUIVALENT, Rule.NO_XNNPACK_CONFIG, Rule.XNNPACK_CONFIG})
 
 
 @dataclass(frozen=True)
