@@ -28,7 +28,7 @@ import torch
 
 from benchmarks.timing import median_ms, print_ms, time_in_fresh_process
 
-_HEAVY = ("linear", "conv2d", "convolution", "conv_transpose2d", "matmul", "bmm", "mm", "addmm", "baddbmm")
+_HEAVY = frozenset({"linear", "conv2d", "convolution", "conv_transpose2d", "matmul", "bmm", "mm", "addmm", "baddbmm"})
 ROUNDS = 3
 
 
@@ -49,7 +49,7 @@ class HeavyOps(torch.nn.Module):
         generator = torch.Generator().manual_seed(0)
         self.calls: list[tuple[Any, list[tuple[str, Any]]]] = []
         for index, (target, args) in enumerate(calls):
-            weights = _WEIGHT_POSITIONS.get(target.__name__.split(".")[0], ())
+            weights = _WEIGHT_POSITIONS.get(target.__name__.split(".")[0], ())  # an OpOverload: "conv2d.default"
             built: list[tuple[str, Any]] = []
             for position, arg in enumerate(args):
                 if isinstance(arg, torch.Size):
@@ -73,18 +73,12 @@ def heavy_calls(name: str, size: str = "bench") -> list[tuple[Any, tuple[Any, ..
     """The conv / matmul calls of network ``name`` after ``rewrite_for_xnnpack``, tensors as their shapes."""
     import xnnguard
     from benchmarks.networks import NETWORKS
+    from xnnguard.graph.ops import is_op
 
     model, inputs = NETWORKS[name](size)
     ep = xnnguard.XnnpackRewriter()(torch.export.export(model, inputs))
-    calls = []
-    for node in ep.graph.nodes:
-        if node.op != "call_function" or getattr(node.target, "__name__", "").split(".")[0] not in _HEAVY:
-            continue
-        args = tuple(arg.meta["val"].shape if isinstance(arg, torch.fx.Node) else arg for arg in node.args)
-        if any(isinstance(arg, torch.fx.Node) for arg in args):
-            continue
-        calls.append((node.target, args))
-    return calls
+    return [(node.target, tuple(arg.meta["val"].shape if isinstance(arg, torch.fx.Node) else arg for arg in node.args))
+            for node in ep.graph.nodes if is_op(node, _HEAVY)]
 
 
 def _lower(name: str, pte: Path) -> None:

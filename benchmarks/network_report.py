@@ -242,6 +242,7 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
     from executorch.extension.pybindings import portable_lib
 
     from benchmarks.networks import NETWORKS
+    from xnnguard.report import Rule
     from xnnguard.runtime_check.runtime_load import captured_stderr
 
     result = Result(name, size, precision, "stock" if stock else "xnnguard", batch=batch)
@@ -256,7 +257,7 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
         count_graph(edge, result)
         result.kept_out = [str(record) for record in getattr(partitioner, "kept_out", ())]
         result.no_equivalent = [record.op for record in getattr(partitioner, "kept_out", ())
-                                if record.rule == "no_xnnpack_equivalent"]
+                                if record.rule is Rule.NO_XNNPACK_EQUIVALENT]
         with stage("serialize", result):
             buffer = edge.to_executorch().buffer
         result.lower_s = time.perf_counter() - started
