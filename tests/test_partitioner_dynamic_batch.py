@@ -2,6 +2,7 @@
 
 ExecuTorch 1.5.1's XNNPACK partitioner refuses a view whose sizes are symbolic, which is how export spells
 every view of a dynamically batched program (a ``flatten`` too); XNNPACK itself infers one dim (-1).
+It refuses every slice of such a program too; XNNPACK runs one that keeps the batch whole.
 """
 
 from __future__ import annotations
@@ -86,3 +87,68 @@ def test_a_view_with_two_dynamic_dims_is_left_as_it_was() -> None:
     before = [(n.name, n.args[1]) for n in program.graph.nodes if "view" in str(n.target)]
     InferredViewPass()(program.graph_module)
     assert [(n.name, n.args[1]) for n in program.graph.nodes if "view" in str(n.target)] == before
+
+
+class ClassTokenSplit(torch.nn.Module):
+    """A ViT head under a dynamic batch: the class token and the patch tokens are slices of [B, N, C]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 24)
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.qkv(x)
+        q, k = y[:, :, :8], y[:, :, 8:16]  # a fused projection split along channels
+        cls, patches = q[:, :1], k[:, 1:]  # and along tokens
+        return self.proj(torch.relu(patches) + cls)
+
+
+class ConvCrop(torch.nn.Module):
+    """Convs with a crop between them: the slice runs in XNNPACK's channels-last layout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Conv2d(3, 4, 3), torch.nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x)[:, :, 1:5, 2:])
+
+
+SLICED = {"class token split": (ClassTokenSplit, (2, 9, 8)), "conv crop": (ConvCrop, (2, 3, 10, 10))}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("kind", SLICED)
+def test_slices_along_static_dims_under_a_dynamic_batch_are_delegated_and_run_at_every_batch(
+    kind: str, precision: Precision
+) -> None:
+    torch.manual_seed(0)
+    network, shape = SLICED[kind]
+    model, x = network().eval(), torch.randn(*shape)
+    ep, reference = _exported(model, x, precision)
+    lowered = lower(ep, (x,), xnnguard.XnnpackPartitioner())
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
+    for batch in (1, 2, 7):
+        other = torch.randn(batch, *shape[1:])
+        expected = reference(other)
+        tolerance = 1e-5 if precision == "float" else 2 * quant_step(reference, expected)  # type: ignore[arg-type]
+        torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], expected, atol=tolerance, rtol=0)
+
+
+def test_a_slice_of_the_dynamic_batch_itself_stays_outside_and_runs() -> None:
+    """XNNPACK's 0 means the whole dim: a slice that cuts the symbolic dim has no such form."""
+
+    class FirstSample(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.fc(x)[:1])
+
+    model, x = FirstSample().eval(), torch.randn(3, 4)
+    lowered = lower(torch.export.export(model, (x,), dynamic_shapes=BATCH), (x,), xnnguard.XnnpackPartitioner())
+    assert lowered.outside_ops() == {"slice_copy": 1}
+    other = torch.randn(5, 4)
+    torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], model(other), atol=1e-5, rtol=0)

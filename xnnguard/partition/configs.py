@@ -16,6 +16,7 @@ from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPr
 from executorch.backends.xnnpack.utils.quant_utils import is_dequant
 from torch.export import ExportedProgram
 
+from xnnguard.partition.symbolic_slice import keeps_symbolic_dims_whole
 from xnnguard.rules.quantization_match import quantization_mismatch
 
 __all__ = ["GUARDED_CONFIGS"]
@@ -72,18 +73,24 @@ class _Int8ConstantPadConfig(ConstantPadConfig):
         return [ConfigPrecisionType.FP32, ConfigPrecisionType.STATIC_QUANT]
 
 
-class _RequantizingSliceConfig(SliceCopyConfig):
-    """A slice between a dequantize and a quantize of other parameters is taken, as the float op it also is.
+class _SliceConfig(SliceCopyConfig):
+    """Two slices 1.5.1 refuses are taken; the other checks are the stock ones (1.4 makes only those).
 
-    XNNPACK slices int8 only within one quantization, and 1.5.1 refuses such a slice outright: a
-    delegate boundary for each class token a ``cat`` quantizes anew (MViT). xnnguard's guard takes it
-    as a float slice, its q/dq conversions of their own (``xnnguard.rules.quantization_match``), as it
-    does a transpose. Only that refusal is lifted; the other checks are the stock ones (1.4 makes only
-    those).
+    * A slice between a dequantize and a quantize of other parameters, as the float op it also is.
+      XNNPACK slices int8 only within one quantization, and 1.5.1 refuses such a slice outright: a
+      delegate boundary for each class token a ``cat`` quantizes anew (MViT). xnnguard's guard takes
+      it as a float slice, its q/dq conversions of their own (``xnnguard.rules.quantization_match``),
+      as it does a transpose.
+    * A slice along a static dim of a tensor with a dynamic batch, which keeps the symbolic dims whole:
+      exact on XNNPACK at every batch (``xnnguard.partition.symbolic_slice``).
     """
 
     def check_constraints(self, node: torch.fx.Node, ep: ExportedProgram) -> bool:
         if super().check_constraints(node, ep):
+            return True
+        if not self.check_common_constraints(node, ep):
+            return False
+        if keeps_symbolic_dims_whole(node):
             return True
         around = {*node.all_input_nodes, *node.users}
         if quantization_mismatch(node, around) is None:
@@ -91,12 +98,12 @@ class _RequantizingSliceConfig(SliceCopyConfig):
         stride = node.args[4] if len(node.args) > 4 else 1
         shapes = (node.all_input_nodes[0].meta["val"].shape, node.meta["val"].shape)
         static = all(isinstance(size, int) and size != 0 for shape in shapes for size in shape)
-        return bool(self.check_common_constraints(node, ep) and stride == 1 and static)
+        return bool(stride == 1 and static)
 
 
 GUARDED_CONFIGS: dict[type[XNNPartitionerConfig], type[XNNPartitionerConfig]] = {
     AddmmConfig: _AddmmConfig,
     MMConfig: _MMConfig,
     ConstantPadConfig: _Int8ConstantPadConfig,
-    SliceCopyConfig: _RequantizingSliceConfig,
+    SliceCopyConfig: _SliceConfig,
 }

@@ -23,6 +23,7 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
   fused activation above 6 dims) stay outside; a match that needs a forbidden op or q/dq is not taken;
 * marks q/dq implicit only once the partition of their op is taken (``xnnguard.partition.implicit_qdq``);
 * applies ``force_non_static_weights_for_f32_linear`` to float linears only;
+* takes a slice of a tensor with a dynamic batch along a static dim (``xnnguard.partition.symbolic_slice``);
 * records in ``report`` every node it leaves outside XNNPACK, one record each: the rule that kept it out,
   or ExecuTorch's own reason (``xnnguard.partition.outside``); logs a one-line summary at INFO.
 """
