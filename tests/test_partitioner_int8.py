@@ -244,10 +244,16 @@ class TwoConvs(nn.Module):
         super().__init__()
         self.between = between
         self.a, self.b = nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.scale, self.shift = nn.Parameter(torch.rand(1, 8, 1, 1) + 0.5), nn.Parameter(torch.randn(1, 8, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.a(x)
-        y = y + 1.0 if self.between == "add" else y.reshape(1, 8, 4, 16)
+        if self.between == "add":
+            y = y + 1.0
+        elif self.between == "reshape":
+            y = y.reshape(1, 8, 4, 16)
+        else:  # a norm's affine on a tensor reshaped back from another layout (a video VAE's frame fold)
+            y = y.reshape(1, 8, 64).transpose(1, 2).reshape(1, 8, 8, 8) * self.scale + self.shift
         return self.b(y)
 
 
@@ -263,6 +269,15 @@ def test_a_dynamically_quantized_conv_behind_an_add_computes_the_converted_model
     torch.manual_seed(0)
     x = torch.randn(1, 4, 8, 8)
     out, expected, report = _dynamic_int8(TwoConvs("add").eval(), x, xnnguard.XnnpackPartitioner())
+    assert (out - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255
+    assert [r.rule for r in report if r.rule is Rule.DYNAMIC_CONV_SOURCE] == [Rule.DYNAMIC_CONV_SOURCE]
+
+
+def test_a_dynamically_quantized_conv_behind_an_affine_of_a_reshape_computes_the_converted_models_numbers() -> None:
+    """The walk passes the affine and reaches the reshape: 1.5.1 feeds the conv another tensor's layout."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 8, 8)
+    out, expected, report = _dynamic_int8(TwoConvs("affine").eval(), x, xnnguard.XnnpackPartitioner())
     assert (out - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255
     assert [r.rule for r in report if r.rule is Rule.DYNAMIC_CONV_SOURCE] == [Rule.DYNAMIC_CONV_SOURCE]
 

@@ -12,7 +12,7 @@ delegate fails at init; behind any other op (``conv -> add -> conv``) it convert
 whose readers were already laid out, and the program runs with wrong numbers (measured: 76 % of the
 output range off, stock and xnnguard alike, before this rule).
 
-Where the overshoot is known to break the program (the conv's input is a view, or a binary op with a
+Where the overshoot is known to break the program (the walk passes a view, or a binary op with a
 scalar operand), the convolution is not delegated as a dynamically quantized op; it runs on
 ExecuTorch's portable kernels, with its quantization, and computes the right numbers. Behind a ReLU,
 a conv, pooling or a per-channel affine 1.5.1's result is right (measured), and the conv stays inside.
@@ -66,21 +66,32 @@ def _first_arg(node: object) -> object:
 _VIEWS = frozenset({"view", "view_copy", "reshape", "_unsafe_view", "squeeze", "squeeze_copy", "unsqueeze",
                     "unsqueeze_copy"})
 _BINARY = frozenset({"add", "sub", "mul", "div"})
+_CHANNELS_LAST = frozenset({"convolution", "max_pool2d", "max_pool2d_with_indices", "avg_pool2d"})  # XNNPACK's NHWC ops
 
 
-def _overshoot_breaks(quantized: torch.fx.Node) -> bool:
-    """True where the walk past ``quantized`` is known to break the program (measured on 1.5.1).
+def _overshoot_breaks(quantized: torch.fx.Node, end: torch.fx.Node) -> bool:
+    """True where the walk from ``quantized`` up to ``end`` is known to break the program (measured on 1.5.1).
 
-    Behind a view the walk reaches a tensor of another shape (the delegate fails at init); behind a
-    binary op with a scalar operand the layouts it re-converges come out wrong (conv -> +1 -> conv: 76 %
-    of the range off). Behind a ReLU, another conv, pooling or a per-channel affine (a norm's last add)
-    1.5.1's result is right, and the conv stays delegated.
+    Through a view the walk reaches a tensor of another shape (the delegate fails at init, or its conv
+    reads a tensor of other channels: a video VAE's norm behind a frame fold); through a binary op with
+    a scalar operand the layouts it re-converges come out wrong (conv -> +1 -> conv: 76 % of the range
+    off). Through ReLUs and per-channel affines (a norm's last add) back to a conv or pooling, whose output
+    XNNPACK holds channels-last already, 1.5.1's result is right, and the conv stays delegated.
     """
-    if is_op(quantized, _VIEWS):
-        return True
-    if not is_op(quantized, _BINARY):
+    node: object = quantized
+    while node is not end and _is_node(node):
+        if is_op(node, _CHANNELS_LAST):
+            return False  # what it reads from here on is laid out already
+        if is_op(node, _VIEWS) or _has_scalar_operand(node):
+            return True
+        node = _first_arg(node)
+    return False
+
+
+def _has_scalar_operand(node: object) -> bool:
+    if not is_op(node, _BINARY):
         return False
-    for operand in quantized.args[:2]:
+    for operand in getattr(node, "args", ())[:2]:
         value = getattr(operand, "meta", {}).get("val") if _is_node(operand) else operand
         if isinstance(value, int | float) or getattr(value, "ndim", None) == 0:
             return True
@@ -94,7 +105,7 @@ def dynamic_conv_source_violation(node: torch.fx.Node) -> str | None:
     dequantize: torch.fx.Node = node.args[0]  # type: ignore[assignment]
     quantized = _first_arg(_first_arg(dequantize))
     end = _walk_ends_at(dequantize)
-    if not _is_node(quantized) or end is quantized or not _overshoot_breaks(quantized):  # type: ignore[arg-type]
+    if not _is_node(quantized) or end is quantized or not _overshoot_breaks(quantized, end):  # type: ignore[arg-type]
         return None
     return (
         f"its input {getattr(quantized, 'name', '?')} is dynamically quantized but is neither a graph input nor "
