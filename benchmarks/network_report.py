@@ -72,6 +72,7 @@ class Result:
     outside_kinds: list[tuple[str, int]] = field(default_factory=list)
     max_err: float | None = None
     float_err: float | None = None  # int8 only: the same measure against the float eager model
+    reference_float_err: float | None = None  # int8 only: the converted model's own error against float
     rounding_floor: float | None = None  # int8 only: benchmarks.rounding_floor of the converted model
     rewrite_report: list[str] = field(default_factory=list)
     kept_out: list[str] = field(default_factory=list)
@@ -276,10 +277,12 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
         result.max_err = _relative_error(got, expected)
         if precision != "float":
             with torch.no_grad():
-                result.float_err = _relative_error(got, _first_tensor(model(*inputs)))
+                eager = _first_tensor(model(*inputs))
+            result.float_err = _relative_error(got, eager)
+            result.reference_float_err = _relative_error(expected, eager)
         # int8: an error below what one-step rounding differences cause is as close as rounding allows
         tolerance = max(TOLERANCE[precision], result.rounding_floor or 0.0)
-        if result.max_err is None or not result.max_err <= tolerance:
+        if not _matches(result, tolerance):
             result.status = "mismatch"
             result.error = (f"output shape {tuple(got.shape)} vs {tuple(expected.shape)}" if result.max_err is None
                             else f"max error {result.max_err:.3g} of the output scale > {tolerance:.3g}")
@@ -287,6 +290,22 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
         result.status = f"{error.stage} failed"
         result.error = str(error)
     return result
+
+
+def _matches(result: Result, tolerance: float) -> bool:
+    """Within ``tolerance`` of the reference; in dynamic int8, or no further from float than the reference.
+
+    XNNPACK's dynamically quantized conv picks quantization parameters per image of the batch, the
+    converted model one per tensor (measured: a conv on a batch of four images of ranges 0.01 to 10 is
+    1e-4 from float on XNNPACK, 1.6e-2 in the converted model). Where frames are folded into the batch
+    (a video VAE) XNNPACK is then closer to float than the reference it is compared with; that is
+    ExecuTorch's dynamic quantization, not a wrong program.
+    """
+    if result.max_err is not None and result.max_err <= tolerance:
+        return True
+    if result.precision != "dynamic" or result.float_err is None or result.reference_float_err is None:
+        return False
+    return result.float_err <= result.reference_float_err
 
 
 def compute_outside(result: Result) -> int | None:
@@ -390,12 +409,14 @@ def _num(value: float | None, fmt: str) -> str:
 def table(results: Sequence[Result]) -> str:
     quantized = any(r.precision != "float" for r in results)
     header = ("network", "result", "delegates", "ops outside (top kinds)", "max err",
-              *(("err vs float", "rounding floor") if quantized else ()), "eager ms", "ET ms", "eager/ET")
+              *(("err vs float", "reference vs float", "rounding floor") if quantized else ()),
+              "eager ms", "ET ms", "eager/ET")
     rows = []
     for r in results:
         ratio = r.eager_ms / r.et_ms if r.eager_ms and r.et_ms else None
         rows.append((r.network, r.status, _num(r.delegates, "d"), _kinds(r), _num(r.max_err, ".2e"),
-                     *((_num(r.float_err, ".2e"), _num(r.rounding_floor, ".2e")) if quantized else ()),
+                     *((_num(r.float_err, ".2e"), _num(r.reference_float_err, ".2e"), _num(r.rounding_floor, ".2e"))
+                       if quantized else ()),
                      _num(r.eager_ms, ".1f"), _num(r.et_ms, ".1f"), _num(ratio, ".2f")))
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     lines = [" | ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows)]

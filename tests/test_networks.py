@@ -46,3 +46,39 @@ def test_the_rounding_floor_is_zero_when_no_activation_moves_and_grows_as_more_d
     floors = [rounding_floor(converted, inputs, fraction) for fraction in (0.0, 0.01, 0.5)]
     assert floors[0] == 0.0 and 0.0 < floors[1] < floors[2]  # type: ignore[operator]
     torch.testing.assert_close(converted(*inputs), before, atol=0, rtol=0)  # the model itself is left as it was
+
+
+def test_xnnpacks_dynamically_quantized_conv_quantizes_each_image_of_the_batch_on_its_own() -> None:
+    """Why ``network_report`` takes a dynamic int8 result no further from float than its reference.
+
+    The converted model picks one scale for the whole batch; XNNPACK one per image, so an image of a
+    small range comes out much closer to float than in the reference.
+    """
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
+
+    import xnnguard
+    from tests.support import lower, quantize_pt2e, run_pte
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(8, 8, 3).eval()
+    x = torch.randn(4, 8, 6, 6) * torch.tensor([0.01, 0.1, 1.0, 10.0]).view(4, 1, 1, 1)
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)
+    converted = quantize_pt2e(conv, (x,), xnnguard.XNNPACKQuantizer().set_global(config))
+    out = run_pte(lower(torch.export.export(converted, (x,)), (x,), xnnguard.XnnpackPartitioner()).buffer, (x,))[0]
+    with torch.no_grad():
+        eager, reference = conv(x), converted(x)
+    small = 0  # the image of range 0.01
+    assert (out[small] - eager[small]).abs().max() < (reference[small] - eager[small]).abs().max() / 10
+
+
+def test_a_dynamic_int8_result_closer_to_float_than_its_reference_matches_and_a_farther_one_does_not() -> None:
+    from benchmarks.network_report import Result, _matches
+
+    def result(precision: str, max_err: float, float_err: float) -> Result:
+        return Result("n", "test", precision, "xnnguard", max_err=max_err, float_err=float_err,
+                      reference_float_err=0.1)
+
+    assert _matches(result("dynamic", 0.2, 0.09), tolerance=0.05)
+    assert not _matches(result("dynamic", 0.2, 0.11), tolerance=0.05)
+    assert not _matches(result("static", 0.2, 0.09), tolerance=0.05)  # static int8 has one scale per tensor too
+    assert _matches(result("static", 0.04, 0.5), tolerance=0.05)
