@@ -11,7 +11,7 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import xnnguard
 from tests.rewrite_support import PRECISIONS, assert_within_rank_limit, lower_and_run, ops, rewritten
-from tests.support import lower, run_pte, xnnpack_quantizer
+from tests.support import lower, quant_step, run_pte, xnnpack_quantizer
 from xnnguard.passes import DO_NOT_DELEGATE
 from xnnguard.report import Rule
 from xnnguard.rewrite.conv3d.conv3d import Conv3dGeometry, RewriteConv3dPass, conv2d_constants, conv3d_as_conv2d
@@ -414,15 +414,35 @@ def test_a_conv3d_whose_weight_is_a_graph_input_is_left_and_reported() -> None:
     assert record.reason == "3-D convolution not rewritten: its weight is not computed from parameters alone"
 
 
-def test_the_input_of_a_conv_with_a_dynamic_batch_is_not_cut_into_slices_xnnpack_cannot_take() -> None:
-    """1.5.1 delegates no slice of a tensor with a dynamic dim: halves made for a ``cat`` would each run
-    on the portable kernel, between two delegates."""
+def test_the_input_of_a_conv_with_a_dynamic_batch_is_cut_along_a_static_dim_and_stays_in_one_delegate() -> None:
+    """The halves made for a ``cat`` keep the batch whole, so the partitioner takes them."""
     conv = torch.nn.Conv3d(2, 4, (1, 3, 3), padding=(0, 1, 1)).eval()
     ep = torch.export.export(conv, (torch.randn(16, 2, 1, 3, 3),), dynamic_shapes=({0: torch.export.Dim("batch")},))
     rewritten = rewrite_for_xnnpack(ep, strict=True)
-    assert not [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    slices = [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    assert slices and all(n.args[1] != 0 for n in slices)
     lowered = lower(rewritten, (torch.randn(16, 2, 1, 3, 3),), xnnguard.XnnpackPartitioner())
     assert lowered.outside_ops() == {} and lowered.num_delegates == 1
     for batch in (1, 5):
         x = torch.randn(batch, 2, 1, 3, 3)
         torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], conv(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_conv3d_with_a_dynamic_batch_stays_dynamically_quantized_in_dynamic_int8() -> None:
+    """Its input, frames folded into the batch, is a ``cat``, where 1.5.1's layout walk stops: XNNPACK
+    runs it quantized, not float (behind the fold's view 1.5.1 would lay out the wrong tensor)."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv3d(2, 4, (1, 3, 3), padding=(0, 1, 1)).eval()
+    x, batch = torch.randn(2, 2, 4, 6, 6), {0: torch.export.Dim("batch", min=1, max=4)}
+    rewritten = rewrite_for_xnnpack(torch.export.export(conv, (x,), dynamic_shapes=(batch,)), strict=True)
+    prepared = prepare_pt2e(rewritten.module(), xnnpack_quantizer(dynamic=True))  # type: ignore[arg-type]
+    prepared(x)
+    converted = convert_pt2e(prepared)
+    lowered = lower(torch.export.export(converted, (x,), dynamic_shapes=(batch,)), (x,), xnnguard.XnnpackPartitioner())
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
+    assert lowered.delegated_ops()["choose_qparams"] >= 1
+    for size in (1, 3):
+        other = torch.randn(size, 2, 4, 6, 6)
+        expected = converted(other)
+        torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], expected,
+                                   atol=2 * quant_step(converted, expected), rtol=0)

@@ -19,13 +19,11 @@ __all__ = ["as_cat"]
 def as_cat(x: torch.Tensor) -> torch.Tensor:
     """``x`` itself, produced by a ``cat`` of its two halves along its longest static dim.
 
-    A tensor with a dynamic dim (a batch) is returned as it is: 1.5.1 delegates no slice of it (its
-    serializer needs static sizes), so the halves would run on the portable kernel and cut the delegate
-    at every conv. What that costs instead: under dynamic int8, 1.5.1 leaves such a conv float (it
-    declines the dynamically quantized conv whose input it cannot trace), still on XNNPACK.
+    A dynamic dim (a batch) is never cut: xnnguard's partitioner delegates a slice that keeps it whole
+    (``xnnguard.partition.symbolic_slice``), and a tensor with no static dim is returned as it is.
     """
     static = [d for d in range(x.dim()) if isinstance(x.shape[d], int)]
-    if len(static) < x.dim():
+    if not static:
         return x
     dim = max(static, key=lambda d: int(x.shape[d]))
     size = int(x.shape[dim])
