@@ -156,7 +156,7 @@ def test_a_prelu_on_another_rank_is_folded_to_4d_and_runs_on_xnnpack(num_paramet
     assert own_records(partitioner.kept_out) == []
 
 
-def test_a_5d_prelu_with_a_dynamic_batch_is_decomposed_and_runs() -> None:
+def test_a_5d_prelu_with_a_dynamic_batch_is_folded_to_4d_and_delegated() -> None:
     model, inputs = PReLU(3).eval(), (torch.randn(2, 3, 2, 4, 5),)
 
     def exported() -> torch.export.ExportedProgram:
@@ -165,6 +165,17 @@ def test_a_5d_prelu_with_a_dynamic_batch_is_decomposed_and_runs() -> None:
     _stock_lowering_fails(exported(), inputs, "Attempting to convert non-NHWC compatible node to NHWC")
     partitioner = xnnguard.XnnpackPartitioner()
     lowered = _lower_and_compare(exported(), inputs, partitioner)
+    assert lowered.delegated_ops()["prelu"] == 1 and lowered.outside_ops() == {}
+    other = torch.randn(5, 3, 2, 4, 5)
+    torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], model(other), atol=1e-6, rtol=0)
+
+
+def test_a_5d_prelu_with_a_dynamic_depth_is_decomposed_and_runs() -> None:
+    """Folding D into H*W needs D's size: such a PReLU stays as it is, and its decomposition runs."""
+    model, inputs = PReLU(3).eval(), (torch.randn(1, 3, 2, 4, 5),)
+    exported = torch.export.export(model, inputs, dynamic_shapes=({2: Dim("depth", min=1, max=8)},))
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(exported, inputs, partitioner)
     assert "prelu" not in lowered.delegated_ops()
     assert lowered.delegated_ops()["mul"] == 1  # the decomposed PReLU's product still runs on XNNPACK
     assert [r.rule for r in own_records(partitioner.kept_out)] == [Rule.PRELU_RANK]

@@ -7,8 +7,10 @@ folding every dim after the channels into H and W leaves each value with its cha
 ``(N, C, 1, 1)``, and a view brings back the shape. Views and the 4-D PReLU all go to XNNPACK, which
 runs PReLU on 4-D tensors only (``xnnguard.rules.prelu_rank``).
 
-Postcondition: no PReLU on a statically shaped input of rank 2, 3 or above 4 is left. Other PReLUs
-(dynamic shapes, rank 1) are left as they are, for the partitioner to keep out of XNNPACK.
+A dynamic batch is kept: the views say -1 for it, the one dim XNNPACK's reshape infers.
+
+Postcondition: no PReLU of rank 2, 3 or above 4 whose shape is static but for its batch is left. Other
+PReLUs (other dynamic dims, rank 1) are left as they are, for the partitioner to keep out of XNNPACK.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import math
 
 import torch
 
-from xnnguard.graph.shapes import static_shape
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rules.prelu_rank import PRELU_RANK, is_prelu, prelu_rank_violation
@@ -36,8 +37,19 @@ def folded_shape(shape: list[int]) -> list[int]:
 def _foldable(node: torch.fx.Node) -> bool:
     if not is_prelu(node) or prelu_rank_violation(node) is None:
         return False
-    shape = static_shape(node.args[0])
+    shape = _shape_with_inferred_batch(node.args[0])
     return shape is not None and len(shape) >= 2
+
+
+def _shape_with_inferred_batch(source: object) -> list[int] | None:
+    """``source``'s shape, -1 for a dynamic batch (the one dim a view may infer); None for other dynamic dims."""
+    value = getattr(source, "meta", {}).get("val")
+    if not isinstance(value, torch.Tensor):
+        return None
+    sizes = list(value.shape)
+    if sizes and not isinstance(sizes[0], int):
+        sizes[0] = -1
+    return sizes if all(isinstance(size, int) for size in sizes) else None
 
 
 class PReLUTo4dPass(NodeRewritePass):
@@ -51,7 +63,7 @@ class PReLUTo4dPass(NodeRewritePass):
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         graph = graph_module.graph
         source, weight = node.args[0], node.args[1]
-        shape = list(static_shape(source) or ())
+        shape = _shape_with_inferred_batch(source) or []
         assert len(folded_shape(shape)) == PRELU_RANK
         with graph.inserting_before(node):
             flat = call_like(graph, node, torch.ops.aten.view.default, (source, folded_shape(shape)))
