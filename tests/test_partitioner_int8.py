@@ -264,20 +264,16 @@ def _dynamic_int8(model: nn.Module, x: torch.Tensor, partitioner: object) -> tup
     return run_pte(lowered.buffer, (x,))[0], converted(x), getattr(partitioner, "report", [])
 
 
-def test_a_dynamically_quantized_conv_behind_an_add_computes_the_converted_models_numbers() -> None:
-    """1.5.1 lays out the graph input instead of the add's output for XNNPACK: 76 % of the range off."""
+@pytest.mark.parametrize("between", [
+    pytest.param("add", id="add: 1.5.1 lays out the graph input, 76 % of the range off"),
+    pytest.param("affine", id="affine of a reshape: 1.5.1 feeds the conv another tensor's layout"),
+])
+def test_a_dynamically_quantized_conv_behind_an_op_the_layout_walk_passes_computes_the_converted_models_numbers(
+    between: str,
+) -> None:
     torch.manual_seed(0)
     x = torch.randn(1, 4, 8, 8)
-    out, expected, report = _dynamic_int8(TwoConvs("add").eval(), x, xnnguard.XnnpackPartitioner())
-    assert (out - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255
-    assert [r.rule for r in report if r.rule is Rule.DYNAMIC_CONV_SOURCE] == [Rule.DYNAMIC_CONV_SOURCE]
-
-
-def test_a_dynamically_quantized_conv_behind_an_affine_of_a_reshape_computes_the_converted_models_numbers() -> None:
-    """The walk passes the affine and reaches the reshape: 1.5.1 feeds the conv another tensor's layout."""
-    torch.manual_seed(0)
-    x = torch.randn(1, 4, 8, 8)
-    out, expected, report = _dynamic_int8(TwoConvs("affine").eval(), x, xnnguard.XnnpackPartitioner())
+    out, expected, report = _dynamic_int8(TwoConvs(between).eval(), x, xnnguard.XnnpackPartitioner())
     assert (out - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255
     assert [r.rule for r in report if r.rule is Rule.DYNAMIC_CONV_SOURCE] == [Rule.DYNAMIC_CONV_SOURCE]
 
