@@ -14,8 +14,9 @@ output range off, stock and xnnguard alike, before this rule).
 
 Where the overshoot is known to break the program (the walk passes a view, or a binary op with a
 scalar operand), the convolution is not delegated as a dynamically quantized op; it runs on
-ExecuTorch's portable kernels, with its quantization, and computes the right numbers. Behind a ReLU,
-a conv, pooling or a per-channel affine 1.5.1's result is right (measured), and the conv stays inside.
+ExecuTorch's portable kernels, with its quantization, and computes the right numbers. Where the walk
+passes only ReLUs and per-channel affines back to a conv or pooling, 1.5.1's result is right
+(measured), and the conv stays inside.
 ``rewrite_for_xnnpack``'s convolutions quantize a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``).
 """
 
