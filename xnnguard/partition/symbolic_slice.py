@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from xnnguard.graph.shapes import tensor_value
+
 __all__ = ["keeps_symbolic_dims_whole"]
 
 
@@ -23,11 +25,8 @@ def keeps_symbolic_dims_whole(node: torch.fx.Node) -> bool:
     False when it slices a symbolic dim, has a symbolic or zero size, bound or step, or has no
     symbolic dim at all (the stock config decides those).
     """
-    source, value = (node.args[0] if node.args else None), node.meta.get("val")
-    if not isinstance(source, torch.fx.Node) or not isinstance(value, torch.Tensor):
-        return False
-    before = source.meta.get("val")
-    if not isinstance(before, torch.Tensor) or before.dim() != value.dim() or before.dim() == 0:
+    before, value = tensor_value(node.args[0] if node.args else None), tensor_value(node)
+    if before is None or value is None or before.dim() != value.dim() or before.dim() == 0:
         return False
     dim = node.args[1] if len(node.args) > 1 else 0
     bounds = node.args[2:5]

@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from xnnguard.graph.shapes import tensor_value
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rules.prelu_rank import PRELU_RANK, is_prelu, prelu_rank_violation
@@ -43,8 +44,8 @@ def _foldable(node: torch.fx.Node) -> bool:
 
 def _shape_with_inferred_batch(source: object) -> list[int] | None:
     """``source``'s shape, -1 for a dynamic batch (the one dim a view may infer); None for other dynamic dims."""
-    value = getattr(source, "meta", {}).get("val")
-    if not isinstance(value, torch.Tensor):
+    value = tensor_value(source)
+    if value is None:
         return None
     sizes = list(value.shape)
     if sizes and not isinstance(sizes[0], int):
