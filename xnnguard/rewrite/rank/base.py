@@ -17,10 +17,11 @@ import torch
 import torch.utils._pytree as pytree
 
 from xnnguard.graph.ops import target_name
-from xnnguard.graph.shapes import static_shape
+from xnnguard.graph.shapes import tensor_value
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rewrite.rank.sizes import operand_shapes, reshape_sizes, shape_of
 from xnnguard.rules.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 from xnnguard.rules.tagged import tag_of
 
@@ -32,10 +33,12 @@ __all__ = [
     "MergedCall",
     "MergedDimsPass",
     "Reshaped",
+    "first_operand",
     "high_rank",
     "insert_reshape",
     "left_high_rank",
-    "static_input",
+    "sized",
+    "tensor_operands",
     "user_kept_out",
 ]
 
@@ -61,18 +64,35 @@ VIEW_OPS = {
     _aten.unsqueeze_copy.default,
 }
 
-# Why a rank reduction leaves a node with a dynamic size: which dims merge depends on the sizes.
-NEEDS_STATIC_SIZES = "dynamic shape: merging dims needs static sizes"
+# Why a rank reduction leaves a node whose shape it cannot compute with (``sizes.operand_shapes`` says
+# why in more detail where it can).
+NEEDS_STATIC_SIZES = "dynamic shape: merging dims needs known sizes"
 
 LEFT_ABOVE_LIMIT = f"left above {XNN_MAX_TENSOR_DIMS} dims: "  # how every reason of a left node starts
 
 
-def static_input(node: torch.fx.Node) -> tuple[torch.fx.Node, tuple[int, ...], tuple[int, ...]] | str:
-    """``node``'s tensor operand (its first argument), that operand's static shape and ``node``'s own,
-    or why a rank reduction cannot have them."""
+def tensor_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The inputs of ``node`` that are tensors (not the ``sym_size`` of a dynamic dim)."""
+    return [arg for arg in node.all_input_nodes if tensor_value(arg) is not None]
+
+
+def sized(node: torch.fx.Node) -> str | None:
+    """Why the sizes of ``node`` and its tensor operands cannot be computed with together, or None."""
+    shapes = operand_shapes([node, *tensor_operands(node)])
+    return shapes if isinstance(shapes, str) else None
+
+
+def first_operand(node: torch.fx.Node) -> tuple[torch.fx.Node, tuple[int, ...], tuple[int, ...]] | str:
+    """``node``'s tensor operand (its first argument), that operand's shape and ``node``'s own (a
+    dynamic size as ``sizes.DYNAMIC``), or why a rank reduction cannot have them."""
     x = node.args[0]
-    shape, output_shape = static_shape(x), static_shape(node)
-    if not isinstance(x, torch.fx.Node) or shape is None or output_shape is None:
+    if not isinstance(x, torch.fx.Node):
+        return NEEDS_STATIC_SIZES
+    why = sized(node)
+    if why is not None:
+        return why
+    shape, output_shape = shape_of(x), shape_of(node)
+    if shape is None or output_shape is None:
         return NEEDS_STATIC_SIZES
     return x, shape, output_shape
 
@@ -94,12 +114,13 @@ def insert_reshape(
 ) -> torch.fx.Node:
     """Insert ``aten.reshape(x, shape)``, or return ``x`` if it already has ``shape``.
 
+    ``shape`` is in the sizes of ``sizes.operand_shapes``: its dynamic size, if any, becomes -1.
     ``reshape``, not ``view``: its input may be a permuted (non-contiguous) tensor when the graph runs
     eagerly, as it does under pt2e calibration.
     """
-    if static_shape(x) == tuple(shape):
+    if shape_of(x) == tuple(shape):
         return x
-    return call_like(graph, like, _aten.reshape.default, (x, list(shape)))
+    return call_like(graph, like, _aten.reshape.default, (x, reshape_sizes(shape)))
 
 
 def left_high_rank(node: torch.fx.Node, reason: str) -> KeptOut:
@@ -151,13 +172,17 @@ class MergedDimsPass(HighRankRewritePass):
         return targeted and high_rank(node) and not user_kept_out(node)
 
     def merged(self, node: torch.fx.Node) -> MergedCall | str:
-        """``node`` on merged dims, or why its dims cannot merge within the limit."""
+        """``node`` on merged dims, or why its dims cannot merge within the limit.
+
+        Called once ``sized(node)`` holds: the shapes of ``sizes.shape_of`` are consistent.
+        """
         raise NotImplementedError
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
-        output_shape = static_shape(node)
-        if output_shape is None:
-            return NEEDS_STATIC_SIZES
+        why = sized(node)
+        output_shape = shape_of(node)
+        if why is not None or output_shape is None:
+            return why or NEEDS_STATIC_SIZES
         call = self.merged(node)
         if isinstance(call, str):
             return call

@@ -1,8 +1,9 @@
 """Run each concatenation above XNNPACK's rank limit on (before, joined, after) merged dims.
 
-Invariant established: no ``cat`` with static shapes has a tensor above ``XNN_MAX_TENSOR_DIMS`` dims;
-it becomes ``reshape(before, size_i, after)`` of each input -> ``cat`` along dim 1 -> ``reshape`` to the
-original output shape (folded into neighbouring views by ``FuseHighRankViewsPass``).
+Invariant established: no ``cat`` with static shapes or one dynamic size has a tensor above
+``XNN_MAX_TENSOR_DIMS`` dims; it becomes ``reshape(before, size_i, after)`` of each input -> ``cat``
+along dim 1 -> ``reshape`` to the original output shape (folded into neighbouring views by
+``FuseHighRankViewsPass``).
 
 Why it is exact: every input of a cat agrees on all dims but the joined one, so the dims before it
 and after it index the same rows in every input and can each be one dim.
@@ -15,8 +16,8 @@ import math
 import torch
 
 from xnnguard.graph.args import int_arg
-from xnnguard.graph.shapes import static_shape
 from xnnguard.rewrite.rank.base import NEEDS_STATIC_SIZES, MergedCall, MergedDimsPass, Reshaped
+from xnnguard.rewrite.rank.sizes import shape_of
 
 __all__ = ["ReduceRankCatPass"]
 
@@ -29,8 +30,8 @@ class ReduceRankCatPass(MergedDimsPass):
     def merged(self, node: torch.fx.Node) -> MergedCall | str:
         inputs = node.args[0]
         assert isinstance(inputs, (list, tuple))  # cat's Tensor[] operand
-        output_shape = static_shape(node)
-        sized = [(x, static_shape(x)) for x in inputs]
+        output_shape = shape_of(node)
+        sized = [(x, shape_of(x)) for x in inputs]
         if output_shape is None or any(shape is None for _, shape in sized):  # None for a non-node too
             return NEEDS_STATIC_SIZES
         rank = len(output_shape)

@@ -1,9 +1,9 @@
 """Run each elementwise op above XNNPACK's rank limit on merged dims.
 
-Invariant established: no elementwise op (unary, binary or ``where``, broadcasting included) with
-static shapes has a tensor above ``XNN_MAX_TENSOR_DIMS`` dims when its dims can merge that far; it
-becomes ``reshape`` of each operand -> the op on the merged dims -> ``reshape`` back (folded away by
-``FuseHighRankViewsPass`` when neighbours are views too).
+Invariant established: no elementwise op (unary, binary or ``where``, broadcasting included) with static
+shapes or one dynamic size has a tensor above ``XNN_MAX_TENSOR_DIMS`` dims when its dims can merge that
+far; it becomes ``reshape`` of each operand -> the op on the merged dims -> ``reshape`` back (folded
+away by ``FuseHighRankViewsPass`` when neighbours are views too).
 
 Why it is exact: an elementwise op pairs elements by position. Adjacent output dims along which every
 operand is either full or broadcast merge into one dim of their product without changing which
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from xnnguard.graph.shapes import static_shape
 from xnnguard.rewrite.rank.base import NEEDS_STATIC_SIZES, MergedCall, MergedDimsPass, Reshaped
 from xnnguard.rewrite.rank.dim_groups import broadcast_groups, grouped_shape
+from xnnguard.rewrite.rank.sizes import shape_of
 from xnnguard.rules.rank_limit import XNN_MAX_TENSOR_DIMS, exceeds_rank_limit
 
 __all__ = ["ELEMENTWISE_OPS", "ReduceRankElementwisePass"]
@@ -45,9 +45,9 @@ class ReduceRankElementwisePass(MergedDimsPass):
     targets = ELEMENTWISE_OPS
 
     def merged(self, node: torch.fx.Node) -> MergedCall | str:
-        output_shape = static_shape(node)
+        output_shape = shape_of(node)
         operands = [arg for arg in node.args if isinstance(arg, torch.fx.Node)]
-        shapes = [static_shape(arg) for arg in operands]
+        shapes = [shape_of(arg) for arg in operands]
         if output_shape is None or any(shape is None for shape in shapes):
             return NEEDS_STATIC_SIZES
         if any(isinstance(value, torch.fx.Node) for value in node.kwargs.values()):
@@ -59,7 +59,7 @@ class ReduceRankElementwisePass(MergedDimsPass):
         rank = len(output_shape)
 
         def on_groups(arg: object) -> object:
-            shape = static_shape(arg)
+            shape = shape_of(arg)
             if not shape:  # not a tensor, or a 0-d one
                 return arg
             assert isinstance(arg, torch.fx.Node)

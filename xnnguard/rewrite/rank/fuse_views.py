@@ -1,11 +1,11 @@
 """Fold chains of views through a high-rank tensor into one reshape, so the high-rank tensor disappears.
 
 Invariant established: no view-like node (``view``, ``reshape``, ``flatten``, ``unsqueeze``...) with
-static shapes reads the output of another view-like node whose tensor is above ``XNN_MAX_TENSOR_DIMS``
-dims; it reads that node's input instead (so does an export-inserted dtype assertion, which a view
-cannot change). ``reshape(reshape(x, s1), s2) == reshape(x, s2)`` for any
-``x`` (both follow row-major order), so the result is unchanged. Once nothing else reads the
-high-rank view, dead-code elimination removes it; a reshape that ends where it started is dropped.
+static shapes or one dynamic size reads the output of another view-like node whose tensor is above
+``XNN_MAX_TENSOR_DIMS`` dims; it reads that node's input instead (so does an export-inserted dtype
+assertion, which a view cannot change). ``reshape(reshape(x, s1), s2) == reshape(x, s2)`` for any ``x``
+(both follow row-major order), so the result is unchanged. Once nothing else reads the high-rank view,
+dead-code elimination removes it; a reshape that ends where it started is dropped.
 
 Why: the other rank-reduction passes rewrite one op at a time, ending in reshapes back to the op's
 original high-rank shape; a user's ``x.view(8-D)`` starts the chain. Each such reshape has a high-rank
@@ -21,9 +21,10 @@ import logging
 import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.graph.shapes import static_shape
+from xnnguard.graph.shapes import tensor_value
 from xnnguard.pass_result import PostconditionError, ReportedPassResult
 from xnnguard.rewrite.rank.base import VIEW_OPS, insert_reshape, user_kept_out
+from xnnguard.rewrite.rank.sizes import operand_shapes, shape_of
 from xnnguard.rules.rank_limit import exceeds_rank_limit
 
 __all__ = ["FuseHighRankViewsPass"]
@@ -49,15 +50,18 @@ class FuseHighRankViewsPass(PassBase):
 
     @staticmethod
     def picks(node: torch.fx.Node) -> bool:
-        """A view (or a dtype/device assertion) reading a view with a tensor above the limit, static shapes."""
-        if not (_is_view(node) or _asserts_only_dtype(node)) or static_shape(node.args[0]) is None:
-            return False
-        if user_kept_out(node) or (_is_view(node) and static_shape(node) is None):
+        """A view (or a dtype/device assertion) reading a view with a tensor above the limit, the sizes of
+        all three (the view, its source and the source's input) known together."""
+        if not (_is_view(node) or _asserts_only_dtype(node)) or user_kept_out(node):
             return False
         source = node.args[0]
-        shape = static_shape(source)
-        high_rank_view = _is_view(source) and shape is not None and exceeds_rank_limit(len(shape))
-        return high_rank_view and not user_kept_out(source)  # type: ignore[arg-type]
+        if not _is_view(source) or user_kept_out(source):  # type: ignore[arg-type]
+            return False
+        value = tensor_value(source)
+        if value is None or not exceeds_rank_limit(value.dim()):
+            return False
+        chain = [source.args[0], source, node] if _is_view(node) else [source.args[0], source]  # type: ignore[union-attr]
+        return not isinstance(operand_shapes(chain), str)
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
         graph = graph_module.graph
@@ -74,7 +78,7 @@ class FuseHighRankViewsPass(PassBase):
                 node.replace_input_with(source, origin)
                 continue
             with graph.inserting_before(node):
-                fused = insert_reshape(graph, origin, static_shape(node), like=node)  # type: ignore[arg-type]
+                fused = insert_reshape(graph, origin, shape_of(node), like=node)  # type: ignore[arg-type]
             node.replace_all_uses_with(fused)
             graph.erase_node(node)
         if modified:

@@ -1,7 +1,7 @@
 """Run each linear on an input above XNNPACK's rank limit as a 2-D linear.
 
-Invariant established: no ``aten.linear`` with static shapes has an input or output above
-``XNN_MAX_TENSOR_DIMS`` dims; it becomes ``reshape(rows, in_features)`` -> ``linear`` ->
+Invariant established: no ``aten.linear`` with static shapes or one dynamic size has an input or output
+above ``XNN_MAX_TENSOR_DIMS`` dims; it becomes ``reshape(rows, in_features)`` -> ``linear`` ->
 ``reshape`` back (folded into neighbouring views by ``FuseHighRankViewsPass``). When the input is a
 torchao dynamically quantized activation (``choose_qparams_affine -> quantize_affine ->
 dequantize_affine``, per token or per tensor), that chain moves after the reshape and runs on the 2-D
@@ -30,7 +30,6 @@ import torch
 
 from xnnguard.graph.args import int_list
 from xnnguard.graph.ops import op_of
-from xnnguard.graph.shapes import static_shape
 from xnnguard.rewrite.fused_activation import fused_activation
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.rank.base import (
@@ -39,6 +38,7 @@ from xnnguard.rewrite.rank.base import (
     insert_reshape,
     user_kept_out,
 )
+from xnnguard.rewrite.rank.sizes import operand_shapes
 
 __all__ = ["FlattenHighRankLinearPass"]
 
@@ -110,9 +110,10 @@ class FlattenHighRankLinearPass(HighRankRewritePass):
         assert isinstance(x, torch.fx.Node)
         activation = _affine_activation(x)
         source = activation.source if activation is not None else x
-        shape, output_shape = static_shape(source), static_shape(node)
-        if shape is None or output_shape is None:
-            return "dynamic shape: flattening needs static sizes"
+        shapes = operand_shapes([source, node])
+        if isinstance(shapes, str):
+            return shapes
+        shape, output_shape = shapes
         flat_shape = (math.prod(shape[:-1]), shape[-1])
         block_size = _flat_block_size(activation.block_size, shape) if activation is not None else None
         if activation is not None and block_size is None:

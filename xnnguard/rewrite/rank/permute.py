@@ -1,10 +1,11 @@
 """Rewrite each permute above XNNPACK's rank limit as reshapes and the fewest transposes within it.
 
-Invariant established: no ``permute``/``transpose`` node with static shapes has a tensor above
-``XNN_MAX_TENSOR_DIMS`` dims; in its place, ``reshape -> permute (-> reshape -> permute ...) -> reshape``
-where every permute is within the limit. The first and last reshapes still touch the original
-high-rank shapes; ``FuseHighRankViewsPass`` then folds them into the views around them (the patchify's
-``reshape(8-D) -> permute -> reshape(3-D)`` becomes 5-D -> 6-D permute -> 4-D permute -> 3-D).
+Invariant established: no ``permute``/``transpose`` node with static shapes or one dynamic size has a
+tensor above ``XNN_MAX_TENSOR_DIMS`` dims; in its place, ``reshape -> permute (-> reshape -> permute
+...) -> reshape`` where every permute is within the limit. The first and last reshapes still touch the
+original high-rank shapes; ``FuseHighRankViewsPass`` then folds them into the views around them (the
+patchify's ``reshape(8-D) -> permute -> reshape(3-D)`` becomes 5-D -> 6-D permute -> 4-D permute ->
+3-D).
 
 Why: ExecuTorch 1.5.1 partitions an 8-D permute to XNNPACK, which cannot define the tensor; with
 xnnguard's partitioner it runs on the portable kernel instead, which is slow. Dims that a permute keeps
@@ -22,8 +23,8 @@ from xnnguard.graph.args import int_arg, int_list
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.rank.base import (
     HighRankRewritePass,
+    first_operand,
     insert_reshape,
-    static_input,
     user_kept_out,
 )
 from xnnguard.rewrite.rank.dim_groups import permute_steps
@@ -65,7 +66,7 @@ class ReduceRankPermutePass(HighRankRewritePass):
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         graph = graph_module.graph
-        operand = static_input(node)
+        operand = first_operand(node)
         if isinstance(operand, str):
             return operand
         x, shape, output_shape = operand

@@ -1,9 +1,9 @@
 """Run each softmax or reduction above XNNPACK's rank limit on (before, reduced, after) merged dims.
 
-Invariant established: no softmax/log-softmax over one dim, and no sum/mean/amax/amin/var over one
-run of adjacent dims, with static shapes, has a tensor above ``XNN_MAX_TENSOR_DIMS`` dims; it becomes
-``reshape(before, reduced, after)`` -> the op over the middle dim (``keepdim``) -> ``reshape`` to the
-original output shape (folded into neighbouring views by ``FuseHighRankViewsPass``).
+Invariant established: no softmax/log-softmax over one dim, and no sum/mean/amax/amin/var over one run
+of adjacent dims, with static shapes or one dynamic size, has a tensor above ``XNN_MAX_TENSOR_DIMS``
+dims; it becomes ``reshape(before, reduced, after)`` -> the op over the middle dim (``keepdim``) ->
+``reshape`` to the original output shape (folded into neighbouring views by ``FuseHighRankViewsPass``).
 
 Why it is exact: such an op treats the dims before and after the reduced ones only as independent
 rows, so they can each be one dim; the reduced run becomes one dim of the same elements in the same
@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from xnnguard.rewrite.rank.base import MergedCall, MergedDimsPass, Reshaped, static_input
+from xnnguard.rewrite.rank.base import MergedCall, MergedDimsPass, Reshaped, first_operand
 
 __all__ = ["ReduceRankReductionPass"]
 
@@ -54,7 +54,7 @@ class ReduceRankReductionPass(MergedDimsPass):
     targets = frozenset(_SOFTMAXES | set(_REDUCTIONS))
 
     def merged(self, node: torch.fx.Node) -> MergedCall | str:
-        operand = static_input(node)
+        operand = first_operand(node)
         if isinstance(operand, str):
             return operand
         x, shape, _ = operand

@@ -1,8 +1,9 @@
 """Run each slice above XNNPACK's rank limit on (before, sliced, after) merged dims.
 
-Invariant established: no ``slice`` (or ``narrow``) with static shapes has a tensor above ``XNN_MAX_TENSOR_DIMS``
-dims; it becomes ``reshape(before, size, after)`` -> ``slice`` along dim 1 -> ``reshape`` to the
-original output shape (folded into neighbouring views by ``FuseHighRankViewsPass``).
+Invariant established: no ``slice`` (or ``narrow``) with static shapes or one dynamic size has a tensor
+above ``XNN_MAX_TENSOR_DIMS`` dims; it becomes ``reshape(before, size, after)`` -> ``slice`` along dim 1
+-> ``reshape`` to the original output shape (folded into neighbouring views by
+``FuseHighRankViewsPass``).
 
 Why it is exact: a slice keeps every index of the other dims, so the dims before and after the sliced
 one are only rows and columns of it and can each be one dim.
@@ -16,7 +17,8 @@ import torch
 from torch.fx.node import Argument
 
 from xnnguard.graph.args import int_arg
-from xnnguard.rewrite.rank.base import MergedCall, MergedDimsPass, Reshaped, static_input
+from xnnguard.rewrite.rank.base import MergedCall, MergedDimsPass, Reshaped, first_operand
+from xnnguard.rewrite.rank.sizes import is_dynamic
 
 __all__ = ["ReduceRankSlicePass"]
 
@@ -31,7 +33,7 @@ class ReduceRankSlicePass(MergedDimsPass):
     targets = frozenset(_SLICES | _NARROWS)
 
     def merged(self, node: torch.fx.Node) -> MergedCall | str:
-        operand = static_input(node)
+        operand = first_operand(node)
         if isinstance(operand, str):
             return operand
         x, shape, _ = operand
@@ -40,6 +42,8 @@ class ReduceRankSlicePass(MergedDimsPass):
         if not all(isinstance(v, (int, type(None))) for v in (dim, *args[2:])):
             return "its bounds are not constants"
         dim = int_arg(dim) % len(shape)
+        if is_dynamic(shape[dim]):
+            return "it slices the dynamic dim"
         before, after = math.prod(shape[:dim]), math.prod(shape[dim + 1 :])
         start: Argument
         end: Argument
