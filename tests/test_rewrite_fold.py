@@ -193,6 +193,15 @@ def test_a_size_from_a_dynamic_dim_is_not_folded_and_a_static_one_is() -> None:
     torch.testing.assert_close(folded(bigger), Dynamic()(bigger))
 
 
+def test_a_mask_started_with_new_zeros_of_a_dynamically_batched_input_folds() -> None:
+    """``x.new_zeros(size)`` reads only ``x``'s dtype and device: a dynamic batch of ``x`` changes nothing."""
+    model, scores = ShiftedWindowScores((8, 8), (4, 4), (2, 2)), torch.randn(2, 4, 16, 16)
+    folded = _folded(model, scores, dynamic_shapes=({0: Dim("batch", min=1, max=16)},))
+    assert not {"fill_", "new_zeros", "masked_fill", "ne", "eq", "slice", "sub"} & set(_ops(folded))
+    other = torch.randn(5, 4, 16, 16)
+    torch.testing.assert_close(folded(other), model(other), atol=0, rtol=0)
+
+
 def test_a_constant_above_the_element_budget_is_left_computed(monkeypatch: pytest.MonkeyPatch) -> None:
     class Big(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

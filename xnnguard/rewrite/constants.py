@@ -13,7 +13,8 @@ What is never constant:
   (``empty``, ``empty_like``...: whatever the memory held);
 * an op outside the ``aten`` namespace (quantize/dequantize ops above all: folding a dequantized
   weight into a float constant would drop its quantization);
-* anything that reads an input's values, or a size that is dynamic;
+* anything that reads an input's values, or a size that is dynamic (an op that reads only an input's
+  dtype and device, ``x.new_zeros(...)``, does not read its sizes);
 * a value above ``MAX_CONSTANT_ELEMENTS`` elements (a budget on the memory evaluation takes and on what
   a folded constant adds to the program);
 * a tensor whose storage an in-place op writes with a non-constant value, or a parameter or buffer
@@ -61,6 +62,13 @@ _METADATA_ARGUMENTS: dict[Any, tuple[int, ...]] = {
     _aten.fill.Scalar: (0,),
     _aten.fill.Tensor: (0,),
 }
+
+# Of those, the ops that read no size of that argument (its dtype and device only): a dynamic size of it
+# (a dynamic batch) does not make their result any less constant. ``x.new_zeros(d, h, w)`` is how
+# Swin3D starts its attention mask.
+_DTYPE_ONLY = frozenset(
+    {_aten.new_zeros.default, _aten.new_ones.default, _aten.new_full.default, _aten.type_as.default}
+)
 
 # Ops whose result is whatever the memory held: never a constant, however it is filled afterwards.
 _UNINITIALIZED = frozenset(
@@ -134,7 +142,8 @@ class ConstantRegion:
                 elif node.op == "call_function" and _evaluable(node):
                     metadata = _metadata_inputs(node)
                     inputs = [n for n in node.all_input_nodes if n not in metadata]
-                    if all(n in constant for n in inputs) and all(_static_tensors(n.meta.get("val")) for n in metadata):
+                    sized = () if node.target in _DTYPE_ONLY else metadata
+                    if all(n in constant for n in inputs) and all(_static_tensors(n.meta.get("val")) for n in sized):
                         constant.add(node)
             more = set()
             for writer, targets in self._written.items():
@@ -192,10 +201,15 @@ class ConstantRegion:
                     values[node] = attribute_tensor(self.graph_module, node)
                     continue
                 metadata = _metadata_inputs(node)
+                dtype_only = node.target in _DTYPE_ONLY
 
-                def value_of(arg: torch.fx.Node, metadata: set[torch.fx.Node] = metadata) -> Any:
+                def value_of(
+                    arg: torch.fx.Node, metadata: set[torch.fx.Node] = metadata, empty: bool = dtype_only
+                ) -> Any:
                     if arg in metadata:
                         fake = arg.meta["val"]
+                        if empty:  # its sizes may be dynamic, and are not read
+                            return torch.empty(0, dtype=fake.dtype, device=fake.device)
                         return torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device=fake.device)
                     return values[arg]
 
