@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+import xnnguard
 from tests.rewrite_support import lower_and_run, ops, rewritten
+from tests.support import lower, run_pte
 
 
 class PoolThenNorm(torch.nn.Module):
@@ -37,3 +39,15 @@ def test_batch_norm_with_nothing_to_fold_into_runs_on_a_4d_view_fully_delegated(
     lowered, out, reference, tolerance = lower_and_run(PoolThenNorm().eval(), torch.randn(1, 4, 3, 8, 8), "float")
     assert lowered.outside_ops() == {}
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+def test_batch_norm_with_a_dynamic_batch_runs_on_a_4d_view_fully_delegated_at_every_batch() -> None:
+    torch.manual_seed(0)
+    model, x = PoolThenNorm().eval(), torch.randn(2, 4, 3, 8, 8)
+    batch = ({0: torch.export.Dim("batch", min=1, max=8)},)
+    ep = xnnguard.rewrite_for_xnnpack(torch.export.export(model, (x,), dynamic_shapes=batch), strict=True)
+    lowered = lower(ep, (x,), xnnguard.XnnpackPartitioner())
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1, lowered.outside_ops()
+    for size in (1, 2, 5):
+        other = torch.randn(size, 4, 3, 8, 8)
+        torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], model(other), atol=1e-5, rtol=1e-5)

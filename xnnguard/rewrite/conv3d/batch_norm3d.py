@@ -1,6 +1,7 @@
 """Run every inference batch norm on a 5-D tensor on its 4-D view (N, C, D*H, W).
 
-Invariant established: no inference batch norm with a static 5-D input is left. XNNPACK 1.5.1 takes a
+Invariant established: no inference batch norm with a 5-D input of static C, D, H, W is left (a dynamic
+batch is kept, as -1 in both views). XNNPACK 1.5.1 takes a
 batch norm only on 2-4 dims (it decomposes it, or fuses it into a 2-D conv), so a BatchNorm3d that
 ``FoldBatchNorm3dPass`` could not fold into a conv (after a pooling, an add, a concat) would stay on
 portable kernels. A batch norm normalizes per channel (dim 1), so merging depth and height changes
@@ -30,13 +31,14 @@ _BATCH_NORMS = {
 }
 
 
-def _static_5d_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
+def _5d_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
+    """``node``'s 5-D shape, -1 for a dynamic batch; None for another rank or another dynamic dim."""
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor) or value.dim() != 5:
         return None
-    if not all(isinstance(s, int) for s in value.shape):
+    if not all(isinstance(s, int) for s in value.shape[1:]):
         return None
-    return tuple(int(s) for s in value.shape)
+    return tuple(int(s) if isinstance(s, int) else -1 for s in value.shape)
 
 
 class RewriteBatchNorm3dPass(NodeRewritePass):
@@ -52,7 +54,7 @@ class RewriteBatchNorm3dPass(NodeRewritePass):
         if training_index is not None and node.args[training_index]:
             return False
         x = node.args[0]
-        if not isinstance(x, torch.fx.Node) or _static_5d_shape(x) is None:
+        if not isinstance(x, torch.fx.Node) or _5d_shape(x) is None:
             return False
         if node.target is _aten.batch_norm.default:
             return True
@@ -67,7 +69,7 @@ class RewriteBatchNorm3dPass(NodeRewritePass):
         momentum_index, eps_index, _ = _BATCH_NORMS[node.target]  # type: ignore[index]
         x, weight, bias, mean, var = node.args[:5]
         momentum, eps = float(node.args[momentum_index]), float(node.args[eps_index])  # type: ignore[arg-type]
-        shape = _static_5d_shape(x)  # type: ignore[arg-type]
+        shape = _5d_shape(x)  # type: ignore[arg-type]
         assert shape is not None
         n, c, d, h, w = shape
         present = [value for value in (weight, bias) if value is not None]
