@@ -65,22 +65,36 @@ def _output_scale(converted: torch.fx.GraphModule) -> float | None:
 
 
 def int8_against_the_original(
-    model: torch.nn.Module, x: torch.Tensor, mode: Int8, rewrites: list[PassBase] | None = None
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    mode: Int8,
+    rewrites: list[PassBase] | None = None,
+    *,
+    dynamic_batch: bool = False,
 ) -> Int8Result:
-    """``rewrites``: the passes xnnguard's side runs (default: all of ``rewrite_for_xnnpack``'s)."""
+    """``rewrites``: the passes xnnguard's side runs (default: all of ``rewrite_for_xnnpack``'s).
+
+    ``dynamic_batch``: both sides are exported with a dynamic batch (``x``'s, at least 2) and compared at
+    ``x``, at batch 1 and at one more than ``x``'s; ``steps`` is the largest distance of the three.
+    """
     model = model.eval()
+    shapes = ({0: torch.export.Dim("batch", min=1, max=8)},) if dynamic_batch else None
     config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=mode == "dynamic")
-    ideal_model = converted_pt2e(torch.export.export(model, (x,)).module(), x, StockQuantizer().set_global(config))
-    with torch.no_grad():
-        ideal = ideal_model(x)
-    scale = _output_scale(ideal_model) if mode == "static" else None
-    step = scale if scale is not None else float(ideal.max() - ideal.min()) / 255
+    original = torch.export.export(model, (x,), dynamic_shapes=shapes)
+    ideal_model = converted_pt2e(original.module(), x, StockQuantizer().set_global(config))
     quantizer = xnnguard.XNNPACKQuantizer().set_global(config)
-    rewritten = xnnguard.XnnpackRewriter(rewrites, strict=True)(torch.export.export(model, (x,)))
+    rewritten = xnnguard.XnnpackRewriter(rewrites, strict=True)(torch.export.export(model, (x,), dynamic_shapes=shapes))
     converted = converted_pt2e(rewritten.module(), x, quantizer)
-    lowered = lower(torch.export.export(converted, (x,)), (x,), xnnguard.XnnpackPartitioner())
-    (out,) = run_pte(lowered.buffer, (x,))
-    steps = float((out - ideal).abs().max()) / step
+    program = torch.export.export(converted, (x,), dynamic_shapes=shapes)
+    lowered = lower(program, (x,), xnnguard.XnnpackPartitioner())
+    steps = 0.0
+    for inputs in [x, x[:1], torch.cat([x, x[:1]])] if dynamic_batch else [x]:
+        with torch.no_grad():
+            ideal = ideal_model(inputs)
+        scale = _output_scale(ideal_model) if mode == "static" else None
+        step = scale if scale is not None else float(ideal.max() - ideal.min()) / 255
+        (out,) = run_pte(lowered.buffer, (inputs,))
+        steps = max(steps, float((out - ideal).abs().max()) / step)
     return Int8Result(steps, lowered, quantizer, activation_scales(converted), activation_scales(ideal_model))
 
 
@@ -94,7 +108,9 @@ def no_new_scales(result: Int8Result, rel: float = 1e-4) -> bool:
     return all(any(abs(a - b) <= rel * max(a, b) for b in result.ideal_scales) for a in result.scales)
 
 
-def steps_allowed(model: torch.nn.Module, x: torch.Tensor, mode: Int8, family: str) -> float:
+def steps_allowed(
+    model: torch.nn.Module, x: torch.Tensor, mode: Int8, family: str, *, dynamic_batch: bool = False
+) -> float:
     """How many quantization steps a rewrite family may be off the original quantized: 2, or the floor.
 
     Dynamic int8: XNNPACK quantizes a linear's input per row where pt2e quantizes it per tensor, so even
@@ -107,4 +123,4 @@ def steps_allowed(model: torch.nn.Module, x: torch.Tensor, mode: Int8, family: s
     from xnnguard.rewrite.rewrite_for_xnnpack import default_rewrites
 
     others = [p for p in default_rewrites(strict=True) if not type(p).__module__.startswith(family)]
-    return max(2.0, int8_against_the_original(model, x, mode, others).steps + 0.05)
+    return max(2.0, int8_against_the_original(model, x, mode, others, dynamic_batch=dynamic_batch).steps + 0.05)
