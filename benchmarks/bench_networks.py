@@ -2,10 +2,10 @@
 
 Every network of ``benchmarks.networks`` at its bench size goes through xnnguard's flow
 (``rewrite_for_xnnpack``, for int8 ``xnnguard.XNNPACKQuantizer``, ``xnnguard.XnnpackPartitioner``), each
-lowering in a fresh process of its own (``benchmarks.network_report``), in four variants: float, static and
-dynamic int8, and float exported with a dynamic batch. Float is timed against eager PyTorch, both sides in
-fresh processes with the same thread count and environment (``benchmarks.timing``, the protocol of
-``bench_rewrite_conv3d``). Targets:
+lowering in a fresh process of its own (``benchmarks.network_report``), in six variants: float, static and
+dynamic int8, each at a static batch and exported with a dynamic batch. Float is timed against eager
+PyTorch, both sides in fresh processes with the same thread count and environment (``benchmarks.timing``,
+the protocol of ``bench_rewrite_conv3d``). Targets:
 
 * float: every network at least ``MIN_RATIO`` times faster than eager, the median at least ``MEDIAN_RATIO`` times;
 * at most ``MAX_DELEGATES`` XNNPACK delegates per network, and no compute op outside them;
@@ -46,6 +46,8 @@ VARIANTS = {  # name: (precision, batch)
     "static": ("static", "static"),
     "dynamic": ("dynamic", "static"),
     "float-dyn-batch": ("float", "dynamic"),
+    "static-dyn-batch": ("static", "dynamic"),
+    "dynamic-dyn-batch": ("dynamic", "dynamic"),
 }
 # The networks the targets are about: one per kind the issue names (duplicates of a kind are reported,
 # not counted twice in the median).

@@ -5,7 +5,8 @@ inputs fixed by a seed (so a fresh process builds the same network). ``"bench"``
 layer structure at reduced width/depth/resolution (one eager forward on 2 threads in roughly 5-100 ms);
 ``"test"`` has the same op structure, tiny, for the test suite. Each module's docstring says which
 architecture it follows and what it simplifies. A model that must be exported with dynamic dims carries
-their spec in ``model.export_dynamic_shapes``. ``python -m benchmarks.network_report`` lowers them.
+their spec in ``model.export_dynamic_shapes``; one without a batch dim says in ``model.dynamic_batch_shapes``
+what a "dynamic batch" is for it. ``python -m benchmarks.network_report`` lowers them.
 """
 
 from __future__ import annotations

@@ -173,21 +173,31 @@ def _example(cfg: QwenVisionConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return pixel_values, patch_position_ids(1, cfg.grid, cfg.grid, cfg.merge)
 
 
+def _patch_count(cfg: QwenVisionConfig) -> tuple[dict[int, object], dict[int, object]]:
+    """Dynamic shapes for a dynamic patch count: a multiple of 4 (the merge windows), up to 4x the example's."""
+    windows = torch.export.Dim("merge_windows", min=1, max=cfg.grid * cfg.grid)  # N = 4 * windows
+    patches = cfg.merge**2 * windows
+    return {0: patches}, {0: patches}
+
+
 def build(size: str = "bench") -> Built:
-    """Qwen2-VL vision tower and one image's patches with their (row, column) ids."""
+    """Qwen2-VL vision tower and one image's patches with their (row, column) ids.
+
+    The tower has no batch dim (one image per call): what varies from call to call is the patch count,
+    so that is what ``network_report --batch dynamic`` makes dynamic (``model.dynamic_batch_shapes``).
+    """
     cfg = pick(size, CONFIGS)
 
     def make() -> Built:
         return reinit_norms(Qwen2VisionTransformer(cfg)), _example(cfg)
 
-    return seeded(8, make)
+    model, inputs = seeded(8, make)
+    model.dynamic_batch_shapes = _patch_count(cfg)  # type: ignore[assignment]
+    return model, inputs
 
 
 def build_dynamic(size: str = "bench") -> Built:
-    """The same tower, to be exported with a dynamic patch count (``model.export_dynamic_shapes``)."""
+    """The same tower, always exported with a dynamic patch count (``model.export_dynamic_shapes``)."""
     model, inputs = build(size)
-    cfg = pick(size, CONFIGS)
-    windows = torch.export.Dim("merge_windows", min=1, max=cfg.grid * cfg.grid)  # N = 4 * windows
-    patches = cfg.merge**2 * windows
-    model.export_dynamic_shapes = ({0: patches}, {0: patches})  # type: ignore[assignment]
+    model.export_dynamic_shapes = _patch_count(pick(size, CONFIGS))  # type: ignore[assignment]
     return model, inputs
