@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["static_shape", "tensor_value"]
+__all__ = ["shape_with_inferred_batch", "static_shape", "tensor_value"]
 
 
 def tensor_value(node: object) -> torch.Tensor | None:
@@ -24,3 +24,15 @@ def static_shape(node: object) -> tuple[int, ...] | None:
     if value is None or not all(isinstance(size, int) for size in value.shape):
         return None
     return tuple(int(size) for size in value.shape)
+
+
+def shape_with_inferred_batch(node: object) -> list[int] | None:
+    """``node``'s shape with -1 for a dynamic batch (dim 0), the one size a view may infer; None when it
+    is no tensor or another size is dynamic."""
+    value = tensor_value(node)
+    if value is None:
+        return None
+    sizes = list(value.shape)
+    if sizes and not isinstance(sizes[0], int):
+        sizes[0] = -1
+    return [int(size) for size in sizes] if all(isinstance(size, int) for size in sizes) else None

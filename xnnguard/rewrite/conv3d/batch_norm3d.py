@@ -16,6 +16,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
+from xnnguard.graph.shapes import shape_with_inferred_batch
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 
@@ -31,14 +32,10 @@ _BATCH_NORMS = {
 }
 
 
-def _5d_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
+def _5d_shape(node: torch.fx.Node) -> list[int] | None:
     """``node``'s 5-D shape, -1 for a dynamic batch; None for another rank or another dynamic dim."""
-    value = node.meta.get("val")
-    if not isinstance(value, torch.Tensor) or value.dim() != 5:
-        return None
-    if not all(isinstance(s, int) for s in value.shape[1:]):
-        return None
-    return tuple(int(s) if isinstance(s, int) else -1 for s in value.shape)
+    shape = shape_with_inferred_batch(node)
+    return shape if shape is not None and len(shape) == 5 else None
 
 
 class RewriteBatchNorm3dPass(NodeRewritePass):

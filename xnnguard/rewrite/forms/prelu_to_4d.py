@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from xnnguard.graph.shapes import tensor_value
+from xnnguard.graph.shapes import shape_with_inferred_batch
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rules.prelu_rank import PRELU_RANK, is_prelu, prelu_rank_violation
@@ -38,19 +38,8 @@ def folded_shape(shape: list[int]) -> list[int]:
 def _foldable(node: torch.fx.Node) -> bool:
     if not is_prelu(node) or prelu_rank_violation(node) is None:
         return False
-    shape = _shape_with_inferred_batch(node.args[0])
+    shape = shape_with_inferred_batch(node.args[0])
     return shape is not None and len(shape) >= 2
-
-
-def _shape_with_inferred_batch(source: object) -> list[int] | None:
-    """``source``'s shape, -1 for a dynamic batch (the one dim a view may infer); None for other dynamic dims."""
-    value = tensor_value(source)
-    if value is None:
-        return None
-    sizes = list(value.shape)
-    if sizes and not isinstance(sizes[0], int):
-        sizes[0] = -1
-    return sizes if all(isinstance(size, int) for size in sizes) else None
 
 
 class PReLUTo4dPass(NodeRewritePass):
@@ -64,7 +53,7 @@ class PReLUTo4dPass(NodeRewritePass):
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         graph = graph_module.graph
         source, weight = node.args[0], node.args[1]
-        shape = _shape_with_inferred_batch(source) or []
+        shape = shape_with_inferred_batch(source) or []
         assert len(folded_shape(shape)) == PRELU_RANK
         with graph.inserting_before(node):
             flat = call_like(graph, node, torch.ops.aten.view.default, (source, folded_shape(shape)))
