@@ -21,6 +21,8 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
 * checks every node a partition takes (partitions are unions of config matches, and every match is
   checked): optional members that are forbidden (the high-rank views of a linear's source partition, a
   fused activation above 6 dims) stay outside; a match that needs a forbidden op or q/dq is not taken;
+* merges partitions the stock grouping's single greedy pass leaves apart although their union is
+  convex (``xnnguard.partition.merge``): fewer delegates, no boundary copies between them;
 * marks q/dq implicit only once the partition of their op is taken (``xnnguard.partition.implicit_qdq``);
 * applies ``force_non_static_weights_for_f32_linear`` to float linears only;
 * takes a slice of a tensor with a dynamic batch along a static dim (``xnnguard.partition.symbolic_slice``);
@@ -50,6 +52,7 @@ from xnnguard.graph.ops import target_name
 from xnnguard.partition import implicit_qdq
 from xnnguard.partition.configs import GUARDED_CONFIGS
 from xnnguard.partition.guard import GuardedConfig, Ledger
+from xnnguard.partition.merge import merge_partitions
 from xnnguard.partition.outside import is_operator_call, outside_record
 from xnnguard.partition.why import stock_reasons
 from xnnguard.report import KeptOut, Rule, summarize
@@ -188,8 +191,10 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         return groups
 
     def generate_partitions(self, ep: ExportedProgram) -> list[Partition]:
-        """The stock grouping of the admitted matches, checked as partitions; then implicit q/dq are marked."""
-        partitions = [p for p in super().generate_partitions(ep) if self._admit_partition(ep, p)]
+        """The stock grouping of the admitted matches, merged where it can be, checked as partitions; then
+        implicit q/dq are marked."""
+        merged = merge_partitions(super().generate_partitions(ep), ep.graph_module.graph)
+        partitions = [p for p in merged if self._admit_partition(ep, p)]
         partition_of = {node: p.id for p in partitions for node in p.nodes}
         for match in self._ledger.matches:
             owner = partition_of.get(match.anchor)
