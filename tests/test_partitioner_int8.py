@@ -257,11 +257,15 @@ class TwoConvs(nn.Module):
         return self.b(y)
 
 
-def _dynamic_int8(model: nn.Module, x: torch.Tensor, partitioner: object) -> tuple[torch.Tensor, torch.Tensor, list]:
-    converted = quantize_pt2e(model, (x,), xnnguard.XNNPACKQuantizer().set_global(
+def _dynamic_int8(
+    model: nn.Module, x: torch.Tensor, partitioner: object, quantizer: object = None
+) -> tuple[torch.Tensor, torch.Tensor, list, int]:
+    """Output, converted model's output, partitioner report, delegate count (quantizer: the stock one)."""
+    chosen = quantizer or StockQuantizer()
+    converted = quantize_pt2e(model, (x,), chosen.set_global(  # type: ignore[attr-defined]
         get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)))
     lowered = lower(torch.export.export(converted, (x,)), (x,), partitioner)
-    return run_pte(lowered.buffer, (x,))[0], converted(x), getattr(partitioner, "report", [])
+    return run_pte(lowered.buffer, (x,))[0], converted(x), getattr(partitioner, "report", []), lowered.num_delegates
 
 
 @pytest.mark.parametrize("between", [
@@ -273,7 +277,7 @@ def test_a_dynamically_quantized_conv_behind_an_op_the_layout_walk_passes_comput
 ) -> None:
     torch.manual_seed(0)
     x = torch.randn(1, 4, 8, 8)
-    out, expected, report = _dynamic_int8(TwoConvs(between).eval(), x, xnnguard.XnnpackPartitioner())
+    out, expected, report, _ = _dynamic_int8(TwoConvs(between).eval(), x, xnnguard.XnnpackPartitioner())
     assert (out - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255
     assert [r.rule for r in report if r.rule is Rule.DYNAMIC_CONV_SOURCE] == [Rule.DYNAMIC_CONV_SOURCE]
 
@@ -282,5 +286,24 @@ def test_a_dynamically_quantized_conv_behind_a_reshape_loads_and_runs() -> None:
     """Stock 1.5.1 lowers it into a delegate that fails at init (error 0x1)."""
     torch.manual_seed(0)
     x = torch.randn(1, 4, 8, 8)
-    out, expected, _ = _dynamic_int8(TwoConvs("reshape").eval(), x, xnnguard.XnnpackPartitioner())
+    out, expected, _, _ = _dynamic_int8(TwoConvs("reshape").eval(), x, xnnguard.XnnpackPartitioner())
     assert (out - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255
+
+
+@pytest.mark.parametrize("between", ["add", "reshape", "affine"])
+def test_with_xnnguards_dynamic_quantizer_a_conv_behind_such_an_op_stays_on_xnnpack_and_matches(between: str) -> None:
+    """The quantizer gives the conv a cat input, where 1.5.1's layout walk stops on the right tensor."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 8, 8)
+    out, expected, report, delegates = _dynamic_int8(
+        TwoConvs(between).eval(), x, xnnguard.XnnpackPartitioner(), xnnguard.XNNPACKQuantizer())
+    assert not [r for r in report if r.rule is Rule.DYNAMIC_CONV_SOURCE]
+    assert delegates == 1
+    assert (out - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255
+
+
+def test_with_a_static_config_xnnguards_quantizer_adds_no_cat_before_a_conv() -> None:
+    """A static config would quantize the cat: a rounding the model does not have."""
+    x = torch.randn(1, 4, 8, 8)
+    converted = quantize_pt2e(TwoConvs("reshape").eval(), (x,), xnnguard.XNNPACKQuantizer().set_global(STATIC))
+    assert not [n for n in converted.graph.nodes if n.target == torch.ops.aten.cat.default]

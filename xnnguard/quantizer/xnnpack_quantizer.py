@@ -18,6 +18,8 @@ annotates them anyway. Here:
   quantized, so quantizing after ``rewrite_for_xnnpack`` adds no rounding;
 * a zero pad keeps its input's quantization (``xnnguard.quantizer.shared_quantization``), so XNNPACK runs
   it int8 instead of failing to load it;
+* with dynamic configs only, a 2-D convolution whose input 1.5.1 would lay out wrong (behind a view)
+  reads it through a ``cat`` (``xnnguard.quantizer.dynamic_conv_input``), so it stays on XNNPACK;
 * ``annotate`` raises ``QuantizedConv3dError`` if a 3-D convolution is annotated all the same (by a
   quantizer that ran before this one).
 """
@@ -36,6 +38,7 @@ from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.quantizer import QuantizationConfig
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
+from xnnguard.quantizer.dynamic_conv_input import give_convs_cat_inputs
 from xnnguard.quantizer.rewritten_ops import (
     keep_float_pieces,
     observe_inputs_as_the_original,
@@ -87,6 +90,25 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
             )
         super().set_operator_type(operator_type, quantization_config)
         return self
+
+    def transform_for_annotation(self, model: GraphModule) -> GraphModule:
+        """The stock transform; with dynamic configs only, a cat input for the convs 1.5.1 would lay out wrong.
+
+        Only then: a static config would quantize the cat, a rounding the model does not have.
+        """
+        if self._only_dynamic_configs():  # first: the stock transform turns scalar operands into tensors
+            changed = give_convs_cat_inputs(model)
+            if changed:
+                logger.info("xnnguard: %d dynamically quantized conv(s) read their input through a cat: %s",
+                            len(changed), ", ".join(changed))
+        return super().transform_for_annotation(model)
+
+    def _only_dynamic_configs(self) -> bool:
+        tables = ("operator_type_config", "module_type_config", "module_name_config")
+        configs = [self.global_config, *(c for table in tables for c in getattr(self, table, {}).values())]
+        given = [config for config in configs if config is not None]
+        return bool(given) and all(config.input_activation is not None and config.input_activation.is_dynamic
+                                   for config in given)
 
     def annotate(self, model: GraphModule) -> GraphModule:
         """The stock annotation, with every 3-D convolution left float and listed in ``left_in_float``.

@@ -29,7 +29,7 @@ from xnnguard.graph.ops import is_op
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["dynamic_conv_source_violation"]
+__all__ = ["dynamic_conv_source_violation", "walk_misplaces"]
 
 _DEQUANTIZE_OPS = frozenset({"dequantize_per_tensor", "dequantize_per_token", "dequantize_affine"})
 _CHOOSE_QPARAMS_OPS = frozenset({"choose_qparams", "choose_qparams_affine", "choose_qparams_per_token_asymmetric"})
@@ -67,7 +67,8 @@ def _first_arg(node: object) -> object:
 _VIEWS = frozenset({"view", "view_copy", "reshape", "_unsafe_view", "squeeze", "squeeze_copy", "unsqueeze",
                     "unsqueeze_copy"})
 _BINARY = frozenset({"add", "sub", "mul", "div"})
-_CHANNELS_LAST = frozenset({"convolution", "max_pool2d", "max_pool2d_with_indices", "avg_pool2d"})  # XNNPACK's NHWC ops
+# XNNPACK's NHWC ops, in the edge program and (conv2d) in the ATen graph the quantizer sees
+_CHANNELS_LAST = frozenset({"convolution", "conv2d", "max_pool2d", "max_pool2d_with_indices", "avg_pool2d"})
 
 
 def _overshoot_breaks(quantized: torch.fx.Node, end: torch.fx.Node) -> bool:
@@ -99,15 +100,25 @@ def _has_scalar_operand(node: object) -> bool:
     return False
 
 
+def walk_misplaces(quantized: torch.fx.Node) -> bool:
+    """True when 1.5.1's walk up from a dynamically quantized conv input ``quantized`` breaks the program.
+
+    Asked of the edge program by the partitioner, and of the ATen graph before annotation by the
+    quantizer (``xnnguard.quantizer.dynamic_conv_input``), which then gives the conv a ``cat`` input.
+    """
+    end = _walk_ends_at(quantized)
+    return end is not quantized and _overshoot_breaks(quantized, end)
+
+
 def dynamic_conv_source_violation(node: torch.fx.Node) -> str | None:
     """Why ``node``, a convolution reading a dynamically quantized input, cannot be delegated; else None."""
     if not is_op(node, "convolution") or not _is_dynamic_dequantize(_first_arg(node)):
         return None
     dequantize: torch.fx.Node = node.args[0]  # type: ignore[assignment]
     quantized = _first_arg(_first_arg(dequantize))
-    end = _walk_ends_at(dequantize)
-    if not _is_node(quantized) or end is quantized or not _overshoot_breaks(quantized, end):  # type: ignore[arg-type]
+    if not _is_node(quantized) or not walk_misplaces(quantized):  # type: ignore[arg-type]
         return None
+    end = _walk_ends_at(dequantize)
     return (
         f"its input {getattr(quantized, 'name', '?')} is dynamically quantized but is neither a graph input nor "
         "a cat: ExecuTorch 1.5.1 would lay out another tensor for XNNPACK (ChannelsLastTaggedReshapePass walks "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["as_cat"]
+__all__ = ["as_cat", "cat_dim"]
 
 
 def as_cat(x: torch.Tensor) -> torch.Tensor:
@@ -22,13 +22,10 @@ def as_cat(x: torch.Tensor) -> torch.Tensor:
     A dynamic dim (a batch) is never cut: xnnguard's partitioner delegates a slice that keeps it whole
     (``xnnguard.partition.symbolic_slice``), and a tensor with no static dim is returned as it is.
     """
-    static = [d for d in range(x.dim()) if isinstance(x.shape[d], int)]
-    if not static:
+    dim = cat_dim(x.shape)
+    if dim is None:
         return x
-    dim = max(static, key=lambda d: int(x.shape[d]))
     size = int(x.shape[dim])
-    if size < 2:
-        return x
     half = size // 2
     # Slices, not ``narrow``: the XNNPACK quantizer gives a slice its input's qparams and leaves a narrow
     # unannotated, whose output then gets the cat's own; XNNPACK does not take a quantized slice whose
@@ -36,3 +33,12 @@ def as_cat(x: torch.Tensor) -> torch.Tensor:
     # aten.slice itself: indexing would add a no-op slice of every dim before ``dim``, the batch's too.
     halves = [torch.ops.aten.slice.Tensor(x, dim, 0, half), torch.ops.aten.slice.Tensor(x, dim, half, size)]
     return torch.cat(halves, dim)
+
+
+def cat_dim(shape: torch.Size) -> int | None:
+    """The dim to cut a tensor of ``shape`` along for ``as_cat``: its longest static one, None if all are < 2."""
+    static = [d for d in range(len(shape)) if isinstance(shape[d], int)]
+    if not static:
+        return None
+    dim = max(static, key=lambda d: int(shape[d]))
+    return dim if int(shape[dim]) >= 2 else None
