@@ -258,7 +258,7 @@ class TwoConvs(nn.Module):
 
 
 def _dynamic_int8(
-    model: nn.Module, x: torch.Tensor, partitioner: object, quantizer: object = None
+    model: nn.Module, x: torch.Tensor, partitioner: object, quantizer: object | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, list, int]:
     """Output, converted model's output, partitioner report, delegate count (quantizer: the stock one)."""
     chosen = quantizer or StockQuantizer()
