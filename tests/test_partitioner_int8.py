@@ -218,7 +218,7 @@ def _swin3d() -> tuple[torch.nn.Module, torch.Tensor]:
     """torchvision's Swin3D at its smallest: patch embedding, windows padded (5 x 5 tokens into 4 x 4 windows),
     shifted windows with their mask and roll, and a patch merging that pads an odd size."""
     torch.manual_seed(0)
-    config = Swin3DConfig(embed_dim=8, depths=(2, 2), heads=(1, 2), frames=4, resolution=20, window=(2, 4, 4))
+    config = Swin3DConfig(embed_dim=8, depths=(2, 1), heads=(1, 2), frames=4, resolution=20, window=(2, 4, 4))
     return SwinTransformer3d(config).eval(), torch.randn(1, 3, 4, 20, 20)
 
 

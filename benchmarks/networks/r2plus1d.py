@@ -32,7 +32,8 @@ class R2Plus1DConfig:
 
 CONFIGS = {
     "bench": R2Plus1DConfig(width=0.5, frames=8, resolution=64),
-    "test": R2Plus1DConfig(width=0.125, frames=4, resolution=32),
+    # one block a layer keeps both kinds (layer 1: identity skip; later: strided, with a downsample)
+    "test": R2Plus1DConfig(width=0.125, frames=4, resolution=32, layers=(1, 1, 1, 1)),
 }
 
 

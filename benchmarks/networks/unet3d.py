@@ -37,7 +37,8 @@ class UNetConfig:
 
 CONFIGS = {
     "bench": UNetConfig(features=(8, 16, 32, 64), depth=16, resolution=32),
-    "test": UNetConfig(features=(4, 8, 16, 32), depth=8, resolution=16),
+    # three stages: the same blocks, skips and up-sampling at every level as four
+    "test": UNetConfig(features=(4, 8, 16), depth=8, resolution=16),
 }
 
 NormAct = Callable[[int], list[nn.Module]]
