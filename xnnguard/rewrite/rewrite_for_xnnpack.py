@@ -13,10 +13,11 @@ import copy
 import logging
 from collections.abc import Sequence
 
+import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.report import KeptOut, summarize
+from xnnguard.report import KeptOut, Rule, summarize
 from xnnguard.rewrite import attention, fold, upsample, views
 from xnnguard.rewrite.conv3d.batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
@@ -28,7 +29,7 @@ from xnnguard.rewrite.rank.reduce_rank import ReduceRankPass
 from xnnguard.rewrite.reduce import passes as reduce_passes
 from xnnguard.rewrite.reexport import export_again
 from xnnguard.rewrite.runner import RewriteError, run_passes
-from xnnguard.rules.tagged import tag, tag_of
+from xnnguard.rules.tagged import tag, tag_of, tagged_rule
 
 __all__ = ["RewriteError", "XnnpackRewriter", "default_rewrites", "rewrite_for_xnnpack"]
 
@@ -86,19 +87,24 @@ class XnnpackRewriter:
         logger.info("xnnguard rewrite: %s", summarize(self.report))
         if not result.modified:
             unchanged = copy.deepcopy(ep)  # a new program either way: the caller's stays as it was
-            _tag_by_name(unchanged, self.report)
+            _copy_tags(result.graph_module, unchanged)
             return unchanged
         rewritten = export_again(result.graph_module, ep)
         _restore_tags(rewritten)
         return rewritten
 
 
-def _tag_by_name(ep: ExportedProgram, report: list[KeptOut]) -> None:
-    """Tag the nodes left as they were on ``ep`` itself (the passes tagged its unlifted copy, same names)."""
-    records = {record.node: record for record in report}
+def _copy_tags(tagged: torch.fx.GraphModule, ep: ExportedProgram) -> None:
+    """Copy the tags the passes set on ``ep``'s unlifted copy (same node names) onto ``ep`` itself.
+
+    Only those: a pass that leaves a node untagged (XNNPACK may still take it as it is) reports it all
+    the same, so the report is not the list of what to tag.
+    """
+    tags = {node.name: (reason, tagged_rule(node)) for node in tagged.graph.nodes if (reason := tag_of(node))}
     for node in ep.graph.nodes:
-        if node.op == "call_function" and node.name in records:
-            tag(node, records[node.name].reason, records[node.name].rule)
+        if node.op == "call_function" and node.name in tags:
+            reason, rule = tags[node.name]
+            tag(node, reason, rule or Rule.USER_TAG)
 
 
 def _restore_tags(ep: ExportedProgram) -> None:
