@@ -133,3 +133,34 @@ def test_an_op_on_integer_tensors_is_reported_as_having_no_xnnpack_equivalent() 
     (add,) = [record for record in partitioner.report if "add" in record.op]
     assert add.rule is Rule.NO_XNNPACK_EQUIVALENT
     assert add.reason == "computes an int64 tensor: XNNPACK takes no integer tensors"
+
+
+class ClassToken(torch.nn.Module):
+    """A learned class token put in front of the tokens of every image of the batch (ViT, MViT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = torch.nn.Parameter(torch.randn(1, 1, 16))
+        self.linear = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.cat((self.token.expand(x.shape[0], -1, -1), x), dim=1))
+
+
+def test_an_expand_to_a_dynamic_batch_is_reported_as_having_no_xnnpack_equivalent() -> None:
+    model, partitioner = ClassToken().eval(), xnnguard.XnnpackPartitioner()
+    x = torch.randn(2, 5, 16)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4)},))
+    lowered = lower(xnnguard.rewrite_for_xnnpack(ep), (x,), partitioner)
+    for batch in (x, x[:1], torch.cat((x, x[:1]))):
+        torch.testing.assert_close(run_pte(lowered.buffer, (batch,))[0], model(batch), atol=1e-5, rtol=1e-5)
+    (expand,) = [record for record in partitioner.report if "expand" in record.op]
+    assert expand.rule is Rule.NO_XNNPACK_EQUIVALENT
+    assert "XNNPACK has no broadcast node" in expand.reason and "dim 0" in expand.reason
+
+
+def test_an_expand_to_a_static_batch_is_no_longer_an_expand_after_the_rewrites() -> None:
+    model, partitioner = ClassToken().eval(), xnnguard.XnnpackPartitioner()
+    x = torch.randn(2, 5, 16)
+    lowered = lower(xnnguard.rewrite_for_xnnpack(torch.export.export(model, (x,))), (x,), partitioner)
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1

@@ -1,4 +1,5 @@
-"""What nothing XNNPACK runs can compute: integer tensors, and gathers by indices the program computes.
+"""What nothing XNNPACK runs can compute: integer tensors, gathers by indices the program computes, and
+broadcasts to a size known only at run time.
 
 The XNNPACK runtime of ExecuTorch 1.5.1 defines floating-point and 8-bit quantized tensors only (int32
 holds quantized biases), and none of its node types reads an index tensor: it has no gather, embedding
@@ -6,6 +7,11 @@ lookup, comparison or integer arithmetic. So a node that computes an int64, int3
 or that gathers rows by a tensor known only when the program runs (a graph input such as Qwen2-VL's patch
 position ids), stays on portable kernels whatever xnnguard rewrites. A gather by constant indices is
 something else: ``xnnguard.rewrite.fold`` computes it at export.
+
+Nor has it a broadcast node: a tensor takes a run-time size (a dynamic batch) only from an input of that
+size. So an ``expand`` along a dynamic dim (MViT's class token to the batch) that no elementwise consumer
+broadcasts in its place (``xnnguard.rewrite.views.expand`` drops those) has no XNNPACK form: any would
+compute it from another tensor's values (``0 * x + token``), which a NaN or an infinity in ``x`` breaks.
 
 This module is the one place that rule lives; the partitioner's report names such a node under
 ``Rule.NO_XNNPACK_EQUIVALENT``, so "ops left outside" can tell this floor from work still to do.
@@ -19,11 +25,12 @@ from xnnguard.graph.ops import is_op
 from xnnguard.graph.shapes import tensor_value
 
 if TYPE_CHECKING:
-    import torch
+    from torch.fx import Node
 
 __all__ = ["no_xnnpack_equivalent"]
 
 _GATHERS = frozenset({"index", "index_select", "gather", "embedding", "take"})
+_EXPANDS = frozenset({"expand", "expand_copy"})
 
 
 def _integer(dtype: object) -> bool:
@@ -32,7 +39,7 @@ def _integer(dtype: object) -> bool:
     return dtype in (torch.int64, torch.int32, torch.int16, torch.bool)
 
 
-def no_xnnpack_equivalent(node: torch.fx.Node) -> str | None:
+def no_xnnpack_equivalent(node: Node) -> str | None:
     """Why no XNNPACK node type computes what ``node`` does, or None when some could."""
     value = tensor_value(node)
     if value is not None and _integer(value.dtype):
@@ -45,4 +52,24 @@ def no_xnnpack_equivalent(node: torch.fx.Node) -> str | None:
                 f"gathers by {indices[0].name}, which the program computes or reads as input: XNNPACK has no "
                 "gather (a gather by constant indices would have been folded at export)"
             )
+    if is_op(node, _EXPANDS) and (dim := _dynamic_broadcast_dim(node)) is not None:
+        return (
+            f"broadcasts {node.all_input_nodes[0].name} along dim {dim}, whose size is known only at run time: "
+            "XNNPACK has no broadcast node, and its elementwise ops take a run-time size only from an input of it"
+        )
+    return None
+
+
+def _dynamic_broadcast_dim(node: Node) -> int | None:
+    """The first dim ``node`` (an expand) broadcasts a size-1 dim of its input to a symbolic size along."""
+    if not node.all_input_nodes:
+        return None
+    source, value = tensor_value(node.all_input_nodes[0]), tensor_value(node)
+    if source is None or value is None:
+        return None
+    lead = value.dim() - source.dim()
+    for dim, size in enumerate(value.shape):
+        before = source.shape[dim - lead] if dim >= lead else 1
+        if isinstance(before, int) and before == 1 and not isinstance(size, int):
+            return dim
     return None
