@@ -4,7 +4,7 @@ below which an int8 program's error against the converted pt2e model says nothin
 XNNPACK requantizes in its own arithmetic (an int32 accumulator times a float scale, rounded), the converted
 pt2e model in float ops between fake quantizations. The two round a value lying near the middle between two
 steps to different sides now and then: a one-step difference in a few activations. A deep network can amplify
-that much: in MViT at test size, moving 0.1 % of the activations by one step moves the output by 8-12 % of
+that much: in a five-block MViT, moving 0.1 % of the activations by one step moves the output by 8-12 % of
 its scale. ``rounding_floor`` measures this on the converted model itself. It moves a random ``fraction``
 of every quantize op's outputs by one step, and reports the median over ``seeds`` of the max error over the
 output's max abs value. An int8 network that differs from its converted model by less than that matches it
