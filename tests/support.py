@@ -156,3 +156,16 @@ def xnnpack_quantizer(*, per_channel: bool = True, dynamic: bool = False, float_
     if float_output:
         config = dataclasses.replace(config, output_activation=None)
     return XNNPACKQuantizer().set_global(config)
+
+
+class ClassToken(torch.nn.Module):
+    """A learned class token put in front of the tokens of every image of the batch (ViT, MViT), then a
+    linear: nothing a rewrite changes but the token's expand, which a dynamic batch leaves an expand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = torch.nn.Parameter(torch.randn(1, 1, 16))
+        self.linear = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.cat((self.token.expand(x.shape[0], -1, -1), x), dim=1))

@@ -14,7 +14,7 @@ import torch
 from executorch.exir import to_edge_transform_and_lower
 
 import xnnguard
-from tests.support import lower, quantize_pt2e, run_pte, xnnpack_quantizer
+from tests.support import ClassToken, lower, quantize_pt2e, run_pte, xnnpack_quantizer
 from xnnguard.example_models import Conv3dReLU, Patchify
 from xnnguard.report import Rule
 
@@ -133,18 +133,6 @@ def test_an_op_on_integer_tensors_is_reported_as_having_no_xnnpack_equivalent() 
     (add,) = [record for record in partitioner.report if "add" in record.op]
     assert add.rule is Rule.NO_XNNPACK_EQUIVALENT
     assert add.reason == "computes an int64 tensor: XNNPACK takes no integer tensors"
-
-
-class ClassToken(torch.nn.Module):
-    """A learned class token put in front of the tokens of every image of the batch (ViT, MViT)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.token = torch.nn.Parameter(torch.randn(1, 1, 16))
-        self.linear = torch.nn.Linear(16, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(torch.cat((self.token.expand(x.shape[0], -1, -1), x), dim=1))
 
 
 def test_an_expand_to_a_dynamic_batch_is_reported_as_having_no_xnnpack_equivalent() -> None:

@@ -12,6 +12,7 @@ from torch.export import Dim
 from torch.fx.passes.infra.pass_base import PassBase
 
 import xnnguard
+from tests.support import ClassToken
 from xnnguard.pass_result import ReportedPassResult
 from xnnguard.report import Rule
 from xnnguard.rewrite.attention.sdpa import AttentionAsBmmPass
@@ -322,20 +323,9 @@ def test_the_rewritten_program_keeps_its_dynamic_dims(args: tuple, kwargs: dict,
     torch.testing.assert_close(rewritten.module()(*args, **kwargs), model(*args, **kwargs))
 
 
-class ClassTokenOnly(torch.nn.Module):
-    """Nothing to rewrite but an expand to a dynamic batch, which the broadcast rewrite leaves untagged."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.token = torch.nn.Parameter(torch.randn(1, 1, 8))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat((self.token.expand(x.shape[0], -1, -1), x), dim=1)
-
-
 def test_a_node_a_pass_leaves_untagged_stays_untagged_when_nothing_is_rewritten() -> None:
-    x = torch.randn(2, 3, 8)
-    ep = torch.export.export(ClassTokenOnly(), (x,), dynamic_shapes=({0: torch.export.Dim("batch", max=4)},))
+    x = torch.randn(2, 3, 16)
+    ep = torch.export.export(ClassToken().eval(), (x,), dynamic_shapes=({0: torch.export.Dim("batch", max=4)},))
     rewriter = xnnguard.XnnpackRewriter()
     rewritten = rewriter(ep)
     assert [record.op for record in rewriter.report] == ["expand.default"]  # reported, all the same

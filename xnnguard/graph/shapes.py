@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["shape_with_inferred_batch", "static_shape", "tensor_value"]
+__all__ = ["dynamic_broadcast_dim", "shape_with_inferred_batch", "static_shape", "tensor_value"]
 
 
 def tensor_value(node: object) -> torch.Tensor | None:
@@ -36,3 +37,14 @@ def shape_with_inferred_batch(node: object) -> list[int] | None:
     if sizes and not isinstance(sizes[0], int):
         sizes[0] = -1
     return [int(size) for size in sizes] if all(isinstance(size, int) for size in sizes) else None
+
+
+def dynamic_broadcast_dim(source: Sequence[object], target: Sequence[object]) -> int | None:
+    """The first dim along which broadcasting ``source`` to ``target`` turns a size 1 into a symbolic size
+    (the batch of a program exported with a dynamic one), or None when every broadcast size is static."""
+    lead = len(target) - len(source)
+    for dim, size in enumerate(target):
+        before = source[dim - lead] if dim >= lead else 1
+        if isinstance(before, int) and before == 1 and not isinstance(size, int):
+            return dim
+    return None

@@ -17,7 +17,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase
 
-from xnnguard.report import KeptOut, Rule, summarize
+from xnnguard.report import KeptOut, summarize
 from xnnguard.rewrite import attention, fold, upsample, views
 from xnnguard.rewrite.conv3d.batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
@@ -100,11 +100,11 @@ def _copy_tags(tagged: torch.fx.GraphModule, ep: ExportedProgram) -> None:
     Only those: a pass that leaves a node untagged (XNNPACK may still take it as it is) reports it all
     the same, so the report is not the list of what to tag.
     """
-    tags = {node.name: (reason, tagged_rule(node)) for node in tagged.graph.nodes if (reason := tag_of(node))}
+    tags = {node.name: (reason, rule) for node in tagged.graph.nodes
+            if (reason := tag_of(node)) and (rule := tagged_rule(node)) is not None}
     for node in ep.graph.nodes:
         if node.op == "call_function" and node.name in tags:
-            reason, rule = tags[node.name]
-            tag(node, reason, rule or Rule.USER_TAG)
+            tag(node, *tags[node.name])
 
 
 def _restore_tags(ep: ExportedProgram) -> None:

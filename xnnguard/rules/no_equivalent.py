@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from xnnguard.graph.ops import is_op
-from xnnguard.graph.shapes import tensor_value
+from xnnguard.graph.shapes import dynamic_broadcast_dim, tensor_value
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -52,24 +52,11 @@ def no_xnnpack_equivalent(node: Node) -> str | None:
                 f"gathers by {indices[0].name}, which the program computes or reads as input: XNNPACK has no "
                 "gather (a gather by constant indices would have been folded at export)"
             )
-    if is_op(node, _EXPANDS) and (dim := _dynamic_broadcast_dim(node)) is not None:
+    source = tensor_value(node.all_input_nodes[0]) if is_op(node, _EXPANDS) and node.all_input_nodes else None
+    dim = dynamic_broadcast_dim(source.shape, value.shape) if source is not None and value is not None else None
+    if dim is not None:
         return (
             f"broadcasts {node.all_input_nodes[0].name} along dim {dim}, whose size is known only at run time: "
             "XNNPACK has no broadcast node, and its elementwise ops take a run-time size only from an input of it"
         )
-    return None
-
-
-def _dynamic_broadcast_dim(node: Node) -> int | None:
-    """The first dim ``node`` (an expand) broadcasts a size-1 dim of its input to a symbolic size along."""
-    if not node.all_input_nodes:
-        return None
-    source, value = tensor_value(node.all_input_nodes[0]), tensor_value(node)
-    if source is None or value is None:
-        return None
-    lead = value.dim() - source.dim()
-    for dim, size in enumerate(value.shape):
-        before = source.shape[dim - lead] if dim >= lead else 1
-        if isinstance(before, int) and before == 1 and not isinstance(size, int):
-            return dim
     return None

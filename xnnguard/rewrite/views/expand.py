@@ -33,7 +33,7 @@ import torch
 
 from xnnguard.graph.args import int_arg, int_list
 from xnnguard.graph.broadcast import broadcasts_in_place_of
-from xnnguard.graph.shapes import tensor_value
+from xnnguard.graph.shapes import dynamic_broadcast_dim, tensor_value
 from xnnguard.report import Rule
 from xnnguard.rewrite.views.base import AliasAwarePass, replace_by, view_sizes
 
@@ -152,14 +152,12 @@ class BroadcastViewsPass(AliasAwarePass):
             return None
         if not before.dtype.is_floating_point:
             return f"a {before.dtype} tensor (XNNPACK multiplies floating-point ones)"
+        if dynamic_broadcast_dim(before.shape, after.shape) is not None:
+            return "it broadcasts along a dynamic dim"  # xnnguard.rules.no_equivalent names it the floor
         rank = after.dim()
         aligned = [1] * (rank - before.dim()) + list(before.shape)
-        ones_shape = []
-        for small, large in zip(aligned, after.shape):
-            broadcast = isinstance(small, int) and small == 1 and not (isinstance(large, int) and large == 1)
-            if broadcast and not isinstance(large, int):
-                return "it broadcasts along a dynamic dim"
-            ones_shape.append(int(large) if broadcast else 1)
+        ones_shape = [int(large) if isinstance(small, int) and small == 1 else 1
+                      for small, large in zip(aligned, after.shape)]
         ones = torch.ones(ones_shape, dtype=before.dtype)
         lead = rank - before.dim()
 
