@@ -61,6 +61,10 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
         lambda: nn.Sequential(nn.Conv3d(4, 8, 3, padding=1), nn.BatchNorm3d(8), nn.ReLU()),
         (1, 4, 6, 8, 8),
     ),
+    "Conv3d (1, 3, 3) + BatchNorm3d + in-place ReLU": (  # torchvision's video models write ReLU(inplace=True)
+        lambda: nn.Sequential(nn.Conv3d(4, 8, (1, 3, 3), padding=(0, 1, 1)), nn.BatchNorm3d(8), nn.ReLU(inplace=True)),
+        (1, 4, 6, 8, 8),
+    ),
     "Conv3d, depth tiles": (lambda: nn.Conv3d(4, 8, (2, 3, 3), stride=(2, 1, 1), padding=(0, 1, 1)), (1, 4, 6, 8, 8)),
     "Conv3d, temporal (3, 1, 1)": (lambda: nn.Conv3d(4, 8, (3, 1, 1), padding=(1, 0, 0)), (1, 4, 6, 8, 8)),
     "Conv3d, one patch": (lambda: nn.Conv3d(3, 16, (2, 4, 4), stride=(2, 4, 4)), (4, 3, 2, 4, 4)),

@@ -19,7 +19,7 @@ import torch
 
 from xnnguard.report import Rule
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_operands
-from xnnguard.rewrite.fused_activation import fused_activation
+from xnnguard.rewrite.fused_activation import fused_activation, replace_uses
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rules.conv3d import ConvKind, conv3d_kind
@@ -80,6 +80,6 @@ class SplicedConvPass(NodeRewritePass, Generic[Geometry]):
             return self.compute(x, constants_, geometry, activation)
 
         output = splice_before(graph_module, node, replacement, [operands.input, *constants])
-        (fused.node if fused is not None else node).replace_all_uses_with(output)
+        replace_uses(node, fused, output)
         logger.debug("%s: %s rewritten", node.name, self.subject)
         return None

@@ -30,7 +30,7 @@ import torch
 
 from xnnguard.graph.args import int_list
 from xnnguard.graph.ops import op_of
-from xnnguard.rewrite.fused_activation import fused_activation
+from xnnguard.rewrite.fused_activation import fused_activation, replace_uses
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.rank.base import (
     HighRankRewritePass,
@@ -128,7 +128,7 @@ class FlattenHighRankLinearPass(HighRankRewritePass):
                 act = fused.node
                 linear = call_like(graph, act, act.target, (linear, *act.args[1:]), dict(act.kwargs))
             y = insert_reshape(graph, linear, output_shape, like=node)
-        (fused.node if fused is not None else node).replace_all_uses_with(y)
+        replace_uses(node, fused, y)
         logger.debug("%s: linear on a %d-D input flattened to %s", node.name, len(shape), flat_shape)
         return None
 
