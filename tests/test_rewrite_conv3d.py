@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
 from executorch.exir import to_edge_transform_and_lower
 from hypothesis import given, settings, strategies as st
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
@@ -214,8 +215,8 @@ class R3dShortcut(torch.nn.Module):
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_a_strided_pointwise_conv_after_a_quantized_op_stays_in_one_delegate(precision: str) -> None:
-    """Its conv input is a cat of two halves of one frame (``conv_input_cat``): under static int8 those
-    halves must keep their input's qparams, or XNNPACK leaves them out and the delegate splits."""
+    """Its conv input is one frame of a strided select: under static int8 the pieces must keep their
+    input's qparams, or XNNPACK leaves them out and the delegate splits."""
     torch.manual_seed(0)
     lowered, out, reference, tolerance = lower_and_run(R3dShortcut().eval(), torch.randn(1, 4, 4, 8, 8), precision)  # type: ignore[arg-type]
     assert lowered.outside_ops() == {} and lowered.num_delegates == 1
@@ -414,13 +415,13 @@ def test_a_conv3d_whose_weight_is_a_graph_input_is_left_and_reported() -> None:
     assert record.reason == "3-D convolution not rewritten: its weight is not computed from parameters alone"
 
 
-def test_the_input_of_a_conv_with_a_dynamic_batch_is_cut_along_a_static_dim_and_stays_in_one_delegate() -> None:
-    """The halves made for a ``cat`` keep the batch whole, so the partitioner takes them."""
+def test_a_frame_wise_conv_with_a_dynamic_batch_reads_its_frames_with_no_copy_and_stays_in_one_delegate() -> None:
+    """Float: the conv2d reads the folded frames as they are (no slice, no cat), whatever the batch."""
     conv = torch.nn.Conv3d(2, 4, (1, 3, 3), padding=(0, 1, 1)).eval()
     ep = torch.export.export(conv, (torch.randn(16, 2, 1, 3, 3),), dynamic_shapes=({0: torch.export.Dim("batch")},))
     rewritten = rewrite_for_xnnpack(ep, strict=True)
-    slices = [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
-    assert slices and all(n.args[1] != 0 for n in slices)
+    copies = [n for n in rewritten.graph.nodes if n.target in (torch.ops.aten.slice.Tensor, torch.ops.aten.cat.default)]
+    assert copies == []
     lowered = lower(rewritten, (torch.randn(16, 2, 1, 3, 3),), xnnguard.XnnpackPartitioner())
     assert lowered.outside_ops() == {} and lowered.num_delegates == 1
     for batch in (1, 5):
@@ -429,13 +430,15 @@ def test_the_input_of_a_conv_with_a_dynamic_batch_is_cut_along_a_static_dim_and_
 
 
 def test_a_conv3d_with_a_dynamic_batch_stays_dynamically_quantized_in_dynamic_int8() -> None:
-    """Its input, frames folded into the batch, is a ``cat``, where 1.5.1's layout walk stops: XNNPACK
-    runs it quantized, not float (behind the fold's view 1.5.1 would lay out the wrong tensor)."""
+    """xnnguard's quantizer gives its input, frames folded into the batch, a ``cat``, where 1.5.1's layout
+    walk stops: XNNPACK runs it quantized (behind the fold's view 1.5.1 would lay out the wrong tensor)."""
     torch.manual_seed(0)
     conv = torch.nn.Conv3d(2, 4, (1, 3, 3), padding=(0, 1, 1)).eval()
     x, batch = torch.randn(2, 2, 4, 6, 6), {0: torch.export.Dim("batch", min=1, max=4)}
     rewritten = rewrite_for_xnnpack(torch.export.export(conv, (x,), dynamic_shapes=(batch,)), strict=True)
-    prepared = prepare_pt2e(rewritten.module(), xnnpack_quantizer(dynamic=True))  # type: ignore[arg-type]
+    quantizer = xnnguard.XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True,
+                                                                                         is_dynamic=True))
+    prepared = prepare_pt2e(rewritten.module(), quantizer)  # type: ignore[arg-type]
     prepared(x)
     converted = convert_pt2e(prepared)
     lowered = lower(torch.export.export(converted, (x,), dynamic_shapes=(batch,)), (x,), xnnguard.XnnpackPartitioner())

@@ -4,8 +4,9 @@ ExecuTorch 1.5.1 lays out a dynamically quantized conv's input for XNNPACK by wa
 arguments from it, and converts the tensor where the walk stops (``xnnguard.rules.dynamic_conv_source``).
 Behind a view (a video VAE's conv after its frames are folded into the batch) that is a tensor of
 another shape, and the partitioner must leave the conv out: it runs quantized on the portable kernels,
-a delegate boundary on each side. A ``cat`` stops the walk at the conv's own input, as the Conv3d
-rewrite does it (``xnnguard.rewrite.conv3d.conv_input_cat``): the conv then stays on XNNPACK.
+a delegate boundary on each side. A ``cat`` stops the walk at the conv's own input: the conv then stays
+on XNNPACK. (The rewrites of 3-D convolutions leave their conv2d inputs to this hook, so that float and
+static int8 programs pay no such copy.)
 
 The cat of the input's two halves is the input itself, in float: a dynamic config annotates neither
 the slices nor the cat, so no rounding is added. It costs one copy of the input, and is only made where
@@ -18,16 +19,18 @@ import torch
 from torch.fx import GraphModule, Node
 
 from xnnguard.graph.ops import is_op
-from xnnguard.rewrite.conv3d.conv_input_cat import cat_dim
 from xnnguard.rules.dynamic_conv_source import walk_misplaces
 
-__all__ = ["give_convs_cat_inputs"]
+__all__ = ["cat_dim", "give_convs_cat_inputs"]
 
-_CONV2D = frozenset({"conv2d", "convolution"})
+_CONV2D = frozenset({"conv2d", "conv_transpose2d", "convolution"})
 
 
 def give_convs_cat_inputs(model: GraphModule) -> list[str]:
-    """Read every 2-D conv input 1.5.1's walk would misplace through a ``cat`` of its halves; the convs' names."""
+    """Read every 2-D (transposed) conv input 1.5.1's walk would misplace through a ``cat`` of its halves.
+
+    Returns the convs' names.
+    """
     changed: list[str] = []
     for conv in list(model.graph.nodes):
         source = conv.args[0] if is_op(conv, _CONV2D) and conv.args else None
@@ -45,6 +48,19 @@ def give_convs_cat_inputs(model: GraphModule) -> list[str]:
         model.graph.lint()
         model.recompile()
     return changed
+
+
+def cat_dim(shape: torch.Size) -> int | None:
+    """The dim to cut a tensor of ``shape`` along: its longest static one, None if all are < 2.
+
+    A dynamic dim (a batch) is never cut: xnnguard's partitioner delegates a slice that keeps it whole
+    (``xnnguard.partition.symbolic_slice``).
+    """
+    static = [d for d in range(len(shape)) if isinstance(shape[d], int)]
+    if not static:
+        return None
+    dim = max(static, key=lambda d: int(shape[d]))
+    return dim if int(shape[dim]) >= 2 else None
 
 
 def _cat_of_halves(graph: torch.fx.Graph, source: Node, value: torch.Tensor, dim: int, before: Node) -> Node:

@@ -17,7 +17,7 @@ scalar operand), the convolution is not delegated as a dynamically quantized op;
 ExecuTorch's portable kernels, with its quantization, and computes the right numbers. Where the walk
 passes only ReLUs and per-channel affines back to a conv or pooling, 1.5.1's result is right
 (measured), and the conv stays inside.
-``rewrite_for_xnnpack``'s convolutions quantize a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``).
+``xnnguard.XNNPACKQuantizer`` gives such a conv a ``cat`` input instead (``xnnguard.quantizer.dynamic_conv_input``).
 """
 
 from __future__ import annotations
@@ -122,5 +122,6 @@ def dynamic_conv_source_violation(node: torch.fx.Node) -> str | None:
     return (
         f"its input {getattr(quantized, 'name', '?')} is dynamically quantized but is neither a graph input nor "
         "a cat: ExecuTorch 1.5.1 would lay out another tensor for XNNPACK (ChannelsLastTaggedReshapePass walks "
-        f"up to {end.name}), which fails or computes wrong numbers"
+        f"up to {end.name}), which fails or computes wrong numbers; xnnguard.XNNPACKQuantizer gives such a conv "
+        "a cat input and keeps it on XNNPACK"
     )

@@ -23,8 +23,9 @@ Three forms, cheapest first:
 Every form keeps a dynamic batch (its reshapes say -1 for it); the depth, height and width must be static.
 
 Padding modes other than zeros never reach this pass: export spells them as a pad op in front of a conv
-without padding. Each conv2d's input is produced by a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``) so
-that 1.5.1 can also lower it dynamically quantized.
+without padding. A conv2d's input is what its form computes, with no copy for quantization's sake: where
+1.5.1 would lay out the wrong tensor for a dynamically quantized conv, ``xnnguard.XNNPACKQuantizer`` gives
+it a ``cat`` input (``xnnguard.quantizer.dynamic_conv_input``), in dynamic int8 only.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from xnnguard.rewrite.conv3d.conv_input_cat import as_cat
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
 from xnnguard.rewrite.conv3d.size_args import triple
 from xnnguard.rewrite.conv3d.spliced_conv import Activation, SplicedConvPass
@@ -220,7 +220,7 @@ def conv3d_as_conv2d(
         return y.reshape(-1, out_c, 1, 1, 1)
     if form == "temporal":  # (N, C, D, H, W) is (N, C, D, H*W) as it lies in memory
         front, back = geometry.padding[0]
-        planes = as_cat(x.reshape(-1, c, d, h * w))
+        planes = x.reshape(-1, c, d, h * w)
         if front != back:  # conv2d pads both sides alike; an uneven "same" padding is an explicit pad
             planes, front = F.pad(planes, (0, 0, front, back)), 0
         y = act(F.conv2d(planes, next(read), bias(), (sd, 1), (front, 0), (dd, 1), groups))
@@ -228,7 +228,6 @@ def conv3d_as_conv2d(
     if form == "depth tiles":
         tiles = x if do * kd == d else x[:, :, : do * kd]
         folded = tiles.reshape(-1, c, do, kd, h, w).permute(0, 2, 1, 3, 4, 5).reshape(-1, c * kd, h, w)
-        folded = as_cat(folded)
         folded, padding = _pad_hw(folded, geometry)
         y = act(F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups))
         return y.reshape(-1, do, out_c, ho, wo).permute(0, 2, 1, 3, 4)
@@ -243,7 +242,7 @@ def conv3d_as_conv2d(
     else:
         summed: torch.Tensor | None = None
         for tap in tap_frames:
-            one, padding = _pad_hw(as_cat(tap.reshape(-1, c, h, w)), geometry)
+            one, padding = _pad_hw(tap.reshape(-1, c, h, w), geometry)
             part = F.conv2d(one, next(read), bias() if summed is None else None, (sh, sw), padding, (dh, dw), groups)
             summed = part if summed is None else summed + part
         assert summed is not None

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from xnnguard.rewrite.conv3d.conv_input_cat import as_cat
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
 from xnnguard.rewrite.conv3d.size_args import Triple, triple
 from xnnguard.rewrite.conv3d.spliced_conv import Activation, SplicedConvPass
@@ -148,7 +147,7 @@ def conv_transpose3d_as_2d(
     dd, dh, dw = geometry.dilation
     bias = constants[1] if len(constants) > 1 else None
     if geometry.taps_tile_depth:
-        frames = as_cat(x.permute(0, 2, 1, 3, 4).reshape(-1, c_in, h, w))
+        frames = x.permute(0, 2, 1, 3, 4).reshape(-1, c_in, h, w)
         y = F.conv_transpose2d(frames, constants[0], bias, (sh, sw), (ph, pw), (oh, ow), geometry.groups, (dh, dw))
         y = activation(y) if activation is not None else y
         y = y.reshape(-1, d, c_out, kd, ho * wo).permute(0, 2, 1, 3, 4).reshape(-1, c_out, d * kd, ho, wo)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from xnnguard.rewrite.conv3d.conv_input_cat import as_cat
-
 __all__ = ["fold_frames", "fold_taps", "fold_transposed_taps"]
 
 
@@ -20,16 +18,15 @@ def fold_frames(tap_frames: list[torch.Tensor], channels: int, groups: int, h: i
     """Tap frames (A, count, C*h*w) -> 2-D conv input (A*count, taps*C, h, w), channels (group, tap, C).
 
     ``channels`` is C, the channels of one frame; the frames' count stays as the graph has it (a dynamic
-    batch too). The conv's input is a ``cat`` (``xnnguard.rewrite.conv3d.conv_input_cat``): without
-    groups, the taps concatenated along the channel dim of 4-D tensors, which is the folding itself.
+    batch too). Without groups, the taps are concatenated along the channel dim of 4-D tensors.
     """
     taps = len(tap_frames)
     if taps == 1:
-        return as_cat(tap_frames[0].reshape(-1, channels, h, w))
+        return tap_frames[0].reshape(-1, channels, h, w)
     if groups == 1:
         return torch.cat([t.reshape(-1, channels, h, w) for t in tap_frames], 1)
     grouped = [t.reshape(-1, groups, channels // groups * h * w) for t in tap_frames]
-    return as_cat(torch.cat(grouped, 2).reshape(-1, taps * channels, h, w))
+    return torch.cat(grouped, 2).reshape(-1, taps * channels, h, w)
 
 
 def fold_taps(weight: torch.Tensor, taps: range) -> torch.Tensor:
