@@ -18,7 +18,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.report import KeptOut, summarize
-from xnnguard.rewrite import attention, fold, upsample, views
+from xnnguard.rewrite import attention, fold, layout, upsample, views
 from xnnguard.rewrite.conv3d.batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.conv3d.conv_transpose3d import RewriteConvTranspose3dPass
@@ -44,7 +44,7 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
     norms fold into their 3-D conv before it is rewritten; the rank reduction runs over the views the
     3-D rewrites leave too. The normalizations and reductions run after it: it brings a layer norm or a
     reduction above 6 dims to merged dims (and tags what it cannot), and they then rewrite ops of at most
-    6 dims only, so no op is handled by both.
+    6 dims only, so no op is handled by both. The layout passes run last, over what all the others left.
     """
     return [
         *fold.passes(),
@@ -59,6 +59,7 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
         ReduceRankPass(strict=strict),
         *norm_passes(),
         *reduce_passes(),
+        *layout.passes(),
     ]
 
 

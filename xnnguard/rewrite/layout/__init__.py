@@ -1,0 +1,14 @@
+"""Layout: fewer copies between the ops the other rewrites leave, with the same values."""
+
+from __future__ import annotations
+
+from torch.fx.passes.infra.pass_base import PassBase
+
+from xnnguard.rewrite.layout.movement_chains import CollapseMovementChainsPass
+
+__all__ = ["CollapseMovementChainsPass", "passes"]
+
+
+def passes() -> list[PassBase]:
+    """The layout passes, in the order they run: last of all rewrites, over what the others left."""
+    return [CollapseMovementChainsPass()]
