@@ -9,8 +9,11 @@ Three forms, cheapest first:
 
 * **one patch** (the input is exactly one kernel window, e.g. Qwen2-VL's patch embedding): a linear;
 * **temporal** (a (k, 1, 1) kernel with spatial stride 1 and no spatial padding: the temporal half of
-  R(2+1)D's and S3D's separable convs, and every 1x1x1 conv): one conv2d over (D, H*W) with a (k, 1)
-  kernel, on the input as it is laid out: no permute, no frame folding, only views around it;
+  R(2+1)D's and S3D's separable convs, and every 1x1x1 conv): one conv2d with a (k, 1) kernel. With a
+  batch of 1 it runs over (D, W) with the rows H as its batch, on (H, C, D, W): one 4-D permute away
+  from the frames-in-the-batch layout (D, C, H, W) of the spatial convs around it, which XNNPACK runs as
+  one transpose of whole rows, in NHWC (``xnnguard.rewrite.layout`` leaves just that permute between
+  them). Otherwise it runs over (D, H*W), on the input as it is laid out: only views around it;
 * **depth tiles** (depth stride == kernel depth, no depth padding, no dilation; also kernel depth 1 with
   stride 1): one 6-D permute folds each window's frames into channels, then one conv2d;
 * **general**: the depth padding becomes zero frames (a constant pad, exact also in int8), so that every
@@ -218,13 +221,15 @@ def conv3d_as_conv2d(
         patch = x[:, :, :kd, :kh, :kw] if (d, h, w) != (kd, kh, kw) else x
         y = act(F.linear(patch.reshape(-1, c * kd * kh * kw), next(read), bias()))
         return y.reshape(-1, out_c, 1, 1, 1)
-    if form == "temporal":  # (N, C, D, H, W) is (N, C, D, H*W) as it lies in memory
+    if form == "temporal":
         front, back = geometry.padding[0]
-        planes = x.reshape(-1, c, d, h * w)
+        rows = geometry.input_shape[0] == 1 and not geometry.dynamic_batch
+        # rows: (1, C, D, H, W) -> (H, C, D, W); else (N, C, D, H, W) is (N, C, D, H*W) as it lies in memory
+        planes = x.permute(0, 3, 1, 2, 4).reshape(h, c, d, w) if rows else x.reshape(-1, c, d, h * w)
         if front != back:  # conv2d pads both sides alike; an uneven "same" padding is an explicit pad
             planes, front = F.pad(planes, (0, 0, front, back)), 0
         y = act(F.conv2d(planes, next(read), bias(), (sd, 1), (front, 0), (dd, 1), groups))
-        return y.reshape(-1, out_c, do, ho, wo)
+        return y.reshape(1, ho, out_c, do, wo).permute(0, 2, 3, 1, 4) if rows else y.reshape(-1, out_c, do, ho, wo)
     if form == "depth tiles":
         tiles = x if do * kd == d else x[:, :, : do * kd]
         folded = tiles.reshape(-1, c, do, kd, h, w).permute(0, 2, 1, 3, 4, 5).reshape(-1, c * kd, h, w)
