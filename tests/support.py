@@ -169,3 +169,28 @@ class ClassToken(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(torch.cat((self.token.expand(x.shape[0], -1, -1), x), dim=1))
+
+
+class SeparableBlock(torch.nn.Module):
+    """R(2+1)D's residual block in miniature: spatial then temporal conv, twice, and the skip added."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.stem = torch.nn.Sequential(  # R(2+1)D's stem: it ends with a temporal conv, as every block does
+            torch.nn.Conv3d(3, channels, (1, 3, 3), padding=(0, 1, 1)),
+            torch.nn.ReLU(inplace=True),
+            torch.nn.Conv3d(channels, channels, (3, 1, 1), padding=(1, 0, 0)),
+            torch.nn.ReLU(inplace=True),
+        )
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv3d(channels, channels, (1, 3, 3), padding=(0, 1, 1)),
+            torch.nn.ReLU(inplace=True),
+            torch.nn.Conv3d(channels, channels, (3, 1, 1), padding=(1, 0, 0)),
+        )
+        self.relu = torch.nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        out = self.body(x)
+        out += x
+        return self.relu(out)

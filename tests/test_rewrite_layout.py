@@ -1,4 +1,9 @@
-"""Layout: a chain of reshapes and permutes that moves no element becomes one reshape (or nothing)."""
+"""Layout: the 3-D rewrites' convs read each other's frames through one permute at most, not a round trip.
+
+A chain of reshapes and permutes becomes the one reshape or permute it amounts to; an elementwise op
+whose operands come through alike chains runs before them; a (k, 1, 1) conv of a single clip runs on
+rows, one 4-D permute from the spatial convs' frames.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,9 @@ import torch
 from torch import nn
 
 from tests.rewrite_support import PRECISIONS, lower_and_run
+from tests.support import SeparableBlock
+from xnnguard.rewrite.layout.cat_sinking import SinkCatThroughMovesPass
+from xnnguard.rewrite.layout.elementwise_sinking import SinkElementwiseThroughMovesPass
 from xnnguard.rewrite.layout.movement_chains import CollapseMovementChainsPass
 from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter, default_rewrites
 
@@ -75,5 +83,144 @@ def test_a_chain_that_moves_nothing_collapses_to_one_reshape() -> None:
 def test_two_frame_wise_convs_lower_to_one_delegate_and_match(precision: str) -> None:
     torch.manual_seed(0)
     lowered, out, reference, tolerance = lower_and_run(_frame_wise_pair(), torch.randn(1, 4, 3, 8, 8), precision)  # type: ignore[arg-type]
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+_LAYOUT_OPS = (torch.ops.aten.permute.default, torch.ops.aten.reshape.default)
+
+
+def _through_layout_ops(node: torch.fx.Node) -> list[object]:
+    """The reshape/permute targets between ``node`` and the compute op it reads."""
+    found = []
+    while node.target in _LAYOUT_OPS:
+        found.append(node.target)
+        node = node.args[0]  # type: ignore[assignment]
+    return found
+
+
+def test_a_temporal_conv_of_one_clip_reads_the_spatial_convs_frames_through_one_permute() -> None:
+    model, x = SeparableBlock().eval(), torch.randn(1, 3, 4, 8, 8)
+    ep = XnnpackRewriter(strict=True)(torch.export.export(model, (x,)))
+    *_, temporal_input = _conv_inputs(ep)
+    assert _through_layout_ops(temporal_input) == [torch.ops.aten.permute.default]
+    assert temporal_input.args[1] == [2, 1, 0, 3]  # (D, C, H, W) -> (H, C, D, W): whole rows move
+    torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_residual_add_and_its_relu_run_where_the_convs_run() -> None:
+    model, x = SeparableBlock().eval(), torch.randn(1, 3, 4, 8, 8)
+    ep = XnnpackRewriter(strict=True)(torch.export.export(model, (x,)))
+    (add,) = [n for n in ep.graph_module.graph.nodes if n.target is torch.ops.aten.add.Tensor]
+    assert [_through_layout_ops(operand) for operand in add.args] == [[], []]  # both in the rows layout
+    torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_an_in_place_op_writing_through_a_view_others_read_stays_where_it_is() -> None:
+    class WritesThroughAView(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            base = x * 2
+            moved = base.permute(1, 0)
+            moved.add_((x * 3).permute(1, 0))  # writes into base as well
+            return moved, base
+
+    x = torch.randn(3, 4)
+    graph_module = torch.export.export(WritesThroughAView(), (x,)).module()
+    expected = WritesThroughAView()(x)
+    result = SinkElementwiseThroughMovesPass()(graph_module)
+    assert result is not None
+    for out, reference in zip(result.graph_module(x), expected, strict=True):
+        torch.testing.assert_close(out, reference, atol=0, rtol=0)
+
+
+def test_an_op_whose_operands_move_differently_stays_where_it_is() -> None:
+    class Different(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * 2).permute(1, 0, 2) + (x * 3).permute(1, 0, 2).reshape(4, 3, 2)
+
+    graph_module = torch.export.export(Different(), (torch.randn(3, 4, 2),)).module()
+    result = SinkElementwiseThroughMovesPass()(graph_module)
+    assert result is not None and not result.modified
+
+
+def test_a_relu_after_a_permute_runs_before_it() -> None:
+    class Moved(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu((x * 2).permute(1, 0))
+
+    x = torch.randn(3, 4)
+    graph_module = torch.export.export(Moved(), (x,)).module()
+    result = SinkElementwiseThroughMovesPass()(graph_module)
+    assert result is not None and result.modified
+    ops = [n.target for n in result.graph_module.graph.nodes if n.op == "call_function"]
+    assert ops == [torch.ops.aten.mul.Tensor, torch.ops.aten.relu.default, torch.ops.aten.permute.default]
+    torch.testing.assert_close(result.graph_module(x), Moved()(x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_separable_residual_block_lowers_to_one_delegate_and_matches(precision: str) -> None:
+    torch.manual_seed(0)
+    lowered, out, reference, tolerance = lower_and_run(SeparableBlock().eval(), torch.randn(1, 3, 4, 8, 8), precision)  # type: ignore[arg-type]
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+def _separable(c_in: int, c_out: int) -> nn.Module:
+    spatial = nn.Conv3d(c_in, c_out, (1, 3, 3), padding=(0, 1, 1))
+    return nn.Sequential(spatial, nn.Conv3d(c_out, c_out, (3, 1, 1), padding=(1, 0, 0)))
+
+
+class InceptionBlock(nn.Module):
+    """S3D's block in miniature: branches in the convs' layout, concatenated on channels, then a conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = _separable(3, 8)
+        self.pointwise = nn.Conv3d(8, 4, 1)
+        self.separable = _separable(8, 6)
+        self.head = nn.Conv3d(10, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        return self.head(torch.cat((self.pointwise(x), self.separable(x)), 1))
+
+
+def test_an_inception_cat_concatenates_the_branches_in_their_convs_layout() -> None:
+    model, x = InceptionBlock().eval(), torch.randn(1, 3, 4, 8, 8)
+    ep = XnnpackRewriter(strict=True)(torch.export.export(model, (x,)))
+    (cat,) = [n for n in ep.graph_module.graph.nodes if n.target is torch.ops.aten.cat.default]
+    assert [_through_layout_ops(operand) for operand in cat.args[0]] == [[], []]
+    assert [operand.target for operand in cat.args[0]] == [torch.ops.aten.conv2d.default] * 2
+    torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_cat_of_inputs_moved_differently_stays_where_it_is() -> None:
+    class Different(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat(((x * 2).permute(1, 0, 2), (x * 3).permute(1, 2, 0).reshape(4, 3, 2)), 0)
+
+    graph_module = torch.export.export(Different(), (torch.randn(3, 4, 2),)).module()
+    result = SinkCatThroughMovesPass()(graph_module)
+    assert result is not None and not result.modified
+
+
+def test_a_cat_of_permuted_inputs_concatenates_their_sources_along_the_matching_dim() -> None:
+    class Permuted(nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.cat(((x * 2).permute(2, 0, 1), (y * 3).permute(2, 0, 1)), 0)
+
+    x, y = torch.randn(3, 4, 2), torch.randn(3, 4, 5)
+    graph_module = torch.export.export(Permuted(), (x, y)).module()
+    result = SinkCatThroughMovesPass()(graph_module)
+    assert result is not None and result.modified
+    (cat,) = [n for n in result.graph_module.graph.nodes if n.target is torch.ops.aten.cat.default]
+    assert cat.args[1] == 2
+    torch.testing.assert_close(result.graph_module(x, y), Permuted()(x, y), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_an_inception_block_lowers_to_one_delegate_and_matches(precision: str) -> None:
+    torch.manual_seed(0)
+    lowered, out, reference, tolerance = lower_and_run(InceptionBlock().eval(), torch.randn(1, 3, 4, 8, 8), precision)  # type: ignore[arg-type]
     assert lowered.outside_ops() == {} and lowered.num_delegates == 1
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)

@@ -18,6 +18,7 @@ from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 import xnnguard
 from tests.compat_marks import standalone_int8_batch_norm_fails_to_lower
 from tests.int8_reference import Int8, int8_against_the_original
+from tests.support import SeparableBlock
 from xnnguard.report import Rule
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter
@@ -64,6 +65,9 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "Conv3d (1, 3, 3) + BatchNorm3d + in-place ReLU": (  # torchvision's video models write ReLU(inplace=True)
         lambda: nn.Sequential(nn.Conv3d(4, 8, (1, 3, 3), padding=(0, 1, 1)), nn.BatchNorm3d(8), nn.ReLU(inplace=True)),
         (1, 4, 6, 8, 8),
+    ),
+    "R(2+1)D block: spatial and temporal convs, residual add": (  # the layout passes' case
+        lambda: SeparableBlock(4), (1, 3, 4, 8, 8),
     ),
     "Conv3d, depth tiles": (lambda: nn.Conv3d(4, 8, (2, 3, 3), stride=(2, 1, 1), padding=(0, 1, 1)), (1, 4, 6, 8, 8)),
     "Conv3d, temporal (3, 1, 1)": (lambda: nn.Conv3d(4, 8, (3, 1, 1), padding=(1, 0, 0)), (1, 4, 6, 8, 8)),

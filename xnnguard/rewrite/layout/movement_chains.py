@@ -1,116 +1,133 @@
-"""A chain of reshapes and permutes that moves no element is one reshape.
+"""A chain of reshapes and permutes is one reshape when it moves no element, one permute when it is one.
 
-Invariant established: no chain of two or more statically shaped reshapes and permutes (each read only
-by the next) takes a tensor to a tensor with its elements in the same row-major order; such a chain is
-replaced by one ``reshape`` (none when the shapes are equal). Checked by running the chain on the
+Invariant established: no chain of two or more statically shaped reshapes and permutes takes a tensor
+to a tensor that is its reshape or its permute where replacing it frees a permute (or two reshapes for
+one); such a chain is replaced by that one op (none when it moves nothing and the shapes are equal). The
+part of a chain other nodes read too stays for them. Checked by running the chain on the
 tensor of element indices, so the result is exactly the one the chain computed.
 
-Why: each rewrite of a 3-D op works on frames folded into the batch, (N*D, C, H, W), and returns to
-(N, C, D, H, W) for the next op, which folds them again. Between two such ops XNNPACK ran a transpose
-back and a transpose forth, and ExecuTorch's NHWC pass a layout conversion around each (a 3x3x3 conv
-after another, a Conv3d then a MaxPool3d). One reshape between them costs one conversion out of NHWC,
-or nothing when the shapes are equal and the two convs then share their NHWC layout.
+Why: each rewrite of a 3-D op works on frames folded into the batch, (N*D, C, H, W), or on a
+clip-wide layout, and returns to (N, C, D, H, W) for the next op, which folds the frames again. Between
+two such ops XNNPACK ran a transpose back and a transpose forth, and ExecuTorch's NHWC pass a layout
+conversion around each (a 3x3x3 conv after another, a conv then a pooling). One reshape costs one
+conversion out of NHWC, or nothing when the shapes are equal; one 4-D permute between two convs stays
+in NHWC (ExecuTorch remaps its dims) and costs one transpose.
 A chain with a dynamic size or an arg computed in the graph is left as it is (nothing is delegated
-differently, only one copy more runs).
+differently, only copies more run).
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Sequence
 
 import torch
-from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.graph.shapes import static_shape
-from xnnguard.pass_result import PostconditionError, ReportedPassResult
 from xnnguard.rewrite.insert import call_like
+from xnnguard.rewrite.layout.base import LayoutPass
 
-__all__ = ["CollapseMovementChainsPass", "movement_chain"]
-
-logger = logging.getLogger("xnnguard.rewrite")
+__all__ = ["CollapseMovementChainsPass", "is_movement", "movement_chain"]
 
 _aten = torch.ops.aten
 _MOVEMENT = frozenset({_aten.reshape.default, _aten.view.default, _aten._unsafe_view.default, _aten.permute.default})
 
 
-def _is_movement(node: object) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _MOVEMENT
-
-
-def _static_args(node: torch.fx.Node) -> bool:
-    """Sizes and dims written as plain ints (none read from the graph), and a static output."""
-    return static_shape(node) is not None and not any(
-        isinstance(leaf, torch.fx.Node) for leaf in torch.utils._pytree.tree_leaves((node.args[1:], node.kwargs))
-    )
+def is_movement(node: object) -> bool:
+    """A reshape or permute with static sizes written as plain ints (none read from the graph)."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or node.target not in _MOVEMENT:
+        return False
+    leaves = torch.utils._pytree.tree_leaves((node.args[1:], node.kwargs))
+    return static_shape(node) is not None and not any(isinstance(leaf, torch.fx.Node) for leaf in leaves)
 
 
 def movement_chain(end: torch.fx.Node) -> list[torch.fx.Node]:
-    """The reshapes and permutes ending at ``end``, first first: each read only by the next one."""
+    """The reshapes and permutes ending at ``end`` (a movement node), first first; others may read them too."""
     chain = [end]
-    while True:
-        source = chain[-1].args[0]
-        if not isinstance(source, torch.fx.Node) or not _is_movement(source):
-            break
-        if len(source.users) != 1 or not _static_args(source):
-            break
-        chain.append(source)
+    while is_movement(source := chain[-1].args[0]):
+        chain.append(source)  # type: ignore[arg-type]
     return chain[::-1]
 
 
-def _moves_nothing(chain: list[torch.fx.Node]) -> bool:
-    """True when ``chain`` leaves every element of its source at the same row-major position."""
-    source = chain[0].args[0]
-    shape = static_shape(source)
-    if shape is None:
-        return False
-    indices = torch.arange(torch.Size(shape).numel()).reshape(shape)
-    moved = indices
+def _freed(chain: list[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The nodes of ``chain`` nothing else reads: the ones replacing the chain frees (a suffix)."""
+    freed: list[torch.fx.Node] = [chain[-1]]
+    for node in reversed(chain[:-1]):
+        if len(node.users) != 1:
+            break
+        freed.append(node)
+    return freed
+
+
+def _run(chain: Sequence[torch.fx.Node], x: torch.Tensor) -> torch.Tensor:
     for node in chain:
-        moved = node.target(moved, *node.args[1:], **node.kwargs)  # type: ignore[operator]
-    return bool(torch.equal(moved.reshape(-1), indices.reshape(-1)))
+        x = node.target(x, *node.args[1:], **node.kwargs)  # type: ignore[operator]
+    return x
 
 
-def _collapsible(end: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """The chain ending at ``end`` when it is collapsible and maximal, else None."""
-    if not _is_movement(end) or not _static_args(end):
+def _as_one_op(chain: list[torch.fx.Node]) -> tuple[object, list[int]] | None:
+    """``(aten.reshape, shape)`` or ``(aten.permute, dims)`` that computes what ``chain`` does, else None."""
+    shape = static_shape(chain[0].args[0])
+    if shape is None or torch.Size(shape).numel() >= 2**31:
         return None
-    (only_user, *others) = end.users if end.users else (None,)
-    if not others and _is_movement(only_user) and _static_args(only_user):  # type: ignore[arg-type]
+    indices = torch.arange(torch.Size(shape).numel(), dtype=torch.int32).reshape(shape)  # half of int64's memory
+    moved = _run(chain, indices)
+    if torch.equal(moved.reshape(-1), indices.reshape(-1)):
+        return _aten.reshape.default, list(moved.shape)
+    if moved.dim() != indices.dim():
+        return None
+    # the dim of the source each output dim walks along: the one with the same stride and size
+    free = list(range(indices.dim()))
+    dims = []
+    for out_dim, size in enumerate(moved.shape):
+        unit = [0] * moved.dim()
+        if size > 1:
+            unit[out_dim] = 1
+            step = int(moved[tuple(unit)]) - int(moved[(0,) * moved.dim()])
+            match = [d for d in free if indices.stride(d) == step and indices.shape[d] == size]
+        else:
+            match = [d for d in free if indices.shape[d] == 1]
+        if not match:
+            return None
+        dims.append(match[0])
+        free.remove(match[0])
+    return (_aten.permute.default, dims) if torch.equal(indices.permute(dims), moved) else None
+
+
+def _collapsible(end: torch.fx.Node) -> tuple[list[torch.fx.Node], object, list[int]] | None:
+    """The maximal chain ending at ``end`` and the one op that replaces it, when there is one, else None."""
+    if not is_movement(end):
+        return None
+    if len(end.users) == 1 and is_movement(next(iter(end.users))):
         return None  # not the end: the chain goes on
     chain = movement_chain(end)
-    if len(chain) < 2 or not any(node.target is _aten.permute.default for node in chain):
-        return None  # reshapes alone: ExecuTorch already folds consecutive views
-    return chain if _moves_nothing(chain) else None
+    if len(chain) < 2:
+        return None
+    one = _as_one_op(chain)
+    if one is None:
+        return None
+    freed = _freed(chain)
+    # worth it when it frees a permute, or when it frees more than it adds (a reshape for reshapes)
+    if any(node.target is _aten.permute.default for node in freed):
+        return (chain, *one)
+    return (chain, *one) if one[0] is _aten.reshape.default and len(freed) > 1 else None
 
 
-class CollapseMovementChainsPass(PassBase):
-    """Replaces each chain of reshapes and permutes that moves no element by one reshape."""
+class CollapseMovementChainsPass(LayoutPass[tuple[list[torch.fx.Node], object, list[int]]]):
+    """Replaces each chain of reshapes and permutes by the one reshape or permute it amounts to."""
 
-    def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
-        graph = graph_module.graph
-        collapsed = 0
-        for end in list(graph.nodes):
-            chain = _collapsible(end)
-            if chain is None:
-                continue
-            source = chain[0].args[0]
-            assert isinstance(source, torch.fx.Node)
-            shape = static_shape(end)
-            assert shape is not None
-            if static_shape(source) == shape:
-                end.replace_all_uses_with(source)
-            else:
-                with graph.inserting_before(end):
-                    end.replace_all_uses_with(call_like(graph, end, _aten.reshape.default, (source, list(shape))))
-            collapsed += 1
-        if collapsed:
-            graph.eliminate_dead_code()
-            graph.lint()
-            graph_module.recompile()
-            logger.debug("%s: %d reshape/permute chains collapsed", type(self).__name__, collapsed)
-        return ReportedPassResult(graph_module, bool(collapsed))
+    promise = "to collapse every chain that is one reshape or permute"
 
-    def ensures(self, graph_module: torch.fx.GraphModule) -> None:
-        left = [node.name for node in graph_module.graph.nodes if _collapsible(node) is not None]
-        if left:
-            raise PostconditionError(type(self).__name__, "to collapse every chain that moves no element", left)
+    def site(self, node: torch.fx.Node) -> tuple[list[torch.fx.Node], object, list[int]] | None:
+        return _collapsible(node)
+
+    def rewrite(
+        self, graph: torch.fx.Graph, node: torch.fx.Node, site: tuple[list[torch.fx.Node], object, list[int]]
+    ) -> None:
+        chain, target, args = site
+        source = chain[0].args[0]
+        assert isinstance(source, torch.fx.Node)
+        if target is _aten.reshape.default and static_shape(source) == tuple(args):
+            node.replace_all_uses_with(source)
+            return
+        with graph.inserting_before(node):
+            node.replace_all_uses_with(call_like(graph, node, target, (source, args)))
