@@ -79,14 +79,6 @@ def test_a_chain_that_moves_nothing_collapses_to_one_reshape() -> None:
     torch.testing.assert_close(result.graph_module(x), RoundTrip()(x), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-def test_two_frame_wise_convs_lower_to_one_delegate_and_match(precision: str) -> None:
-    torch.manual_seed(0)
-    lowered, out, reference, tolerance = lower_and_run(_frame_wise_pair(), torch.randn(1, 4, 3, 8, 8), precision)  # type: ignore[arg-type]
-    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
-    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
-
-
 _LAYOUT_OPS = (torch.ops.aten.permute.default, torch.ops.aten.reshape.default)
 
 
@@ -157,14 +149,6 @@ def test_a_relu_after_a_permute_runs_before_it() -> None:
     torch.testing.assert_close(result.graph_module(x), Moved()(x), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-def test_a_separable_residual_block_lowers_to_one_delegate_and_matches(precision: str) -> None:
-    torch.manual_seed(0)
-    lowered, out, reference, tolerance = lower_and_run(SeparableBlock().eval(), torch.randn(1, 3, 4, 8, 8), precision)  # type: ignore[arg-type]
-    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
-    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
-
-
 def _separable(c_in: int, c_out: int) -> nn.Module:
     spatial = nn.Conv3d(c_in, c_out, (1, 3, 3), padding=(0, 1, 1))
     return nn.Sequential(spatial, nn.Conv3d(c_out, c_out, (3, 1, 1), padding=(1, 0, 0)))
@@ -218,9 +202,18 @@ def test_a_cat_of_permuted_inputs_concatenates_their_sources_along_the_matching_
     torch.testing.assert_close(result.graph_module(x, y), Permuted()(x, y), atol=0, rtol=0)
 
 
+CASES = {  # name: (model, input shape)
+    "two frame-wise convs": (_frame_wise_pair, (1, 4, 3, 8, 8)),
+    "separable residual block": (SeparableBlock, (1, 3, 4, 8, 8)),
+    "inception block": (InceptionBlock, (1, 3, 4, 8, 8)),
+}
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_an_inception_block_lowers_to_one_delegate_and_matches(precision: str) -> None:
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_layout_cases_lower_to_one_delegate_and_match(name: str, precision: str) -> None:
+    build, shape = CASES[name]
     torch.manual_seed(0)
-    lowered, out, reference, tolerance = lower_and_run(InceptionBlock().eval(), torch.randn(1, 3, 4, 8, 8), precision)  # type: ignore[arg-type]
+    lowered, out, reference, tolerance = lower_and_run(build().eval(), torch.randn(shape), precision)  # type: ignore[arg-type]
     assert lowered.outside_ops() == {} and lowered.num_delegates == 1
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
