@@ -16,6 +16,7 @@ from tests.support import SeparableBlock
 from xnnguard.rewrite.layout.cat_sinking import SinkCatThroughMovesPass
 from xnnguard.rewrite.layout.elementwise_sinking import SinkElementwiseThroughMovesPass
 from xnnguard.rewrite.layout.movement_chains import CollapseMovementChainsPass
+from xnnguard.rewrite.provenance import RewriteStamp, rewrite_stamp, stamp
 from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter, default_rewrites
 
 
@@ -147,6 +148,24 @@ def test_a_relu_after_a_permute_runs_before_it() -> None:
     ops = [n.target for n in result.graph_module.graph.nodes if n.op == "call_function"]
     assert ops == [torch.ops.aten.mul.Tensor, torch.ops.aten.relu.default, torch.ops.aten.permute.default]
     torch.testing.assert_close(result.graph_module(x), Moved()(x), atol=0, rtol=0)
+
+
+def test_a_moved_piece_of_a_rewritten_op_is_still_a_piece_of_it() -> None:
+    """The quantizer reads the stamp: a piece of an op left float that lost it would be quantized."""
+
+    class Moved(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x.permute(1, 0)) * 0.5
+
+    graph_module = torch.export.export(Moved(), (torch.randn(3, 4),)).module()
+    mark = RewriteStamp("sdpa", "aten.scaled_dot_product_attention.default", stays_float=True)
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function":
+            stamp(node, mark)
+    result = SinkElementwiseThroughMovesPass()(graph_module)
+    assert result is not None and result.modified
+    nodes = [n for n in result.graph_module.graph.nodes if n.op == "call_function"]
+    assert [rewrite_stamp(n) for n in nodes] == [mark] * len(nodes)
 
 
 def _separable(c_in: int, c_out: int) -> nn.Module:

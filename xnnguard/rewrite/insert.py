@@ -10,8 +10,9 @@ Two ways in, one result:
 Either way every new node's ``meta["val"]`` is computed on the graph's own fake values, in the graph's
 own fake mode (a constant the rewrite adds is made a fake tensor of that mode), and every new node
 carries the provenance of the node it stands in for (``nn_module_stack``, ``stack_trace``,
-``source_fn_stack``), so that quantizer filters by module, reports and debuggers still find the
-user's module.
+``source_fn_stack``, and the rewrite stamp of ``xnnguard.rewrite.provenance``), so that quantizer
+filters by module, reports and debuggers still find the user's module, and a node standing in for a
+piece of a rewritten op is quantized as that op.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from xnnguard.rewrite.attributes import constant_attribute
+from xnnguard.rewrite.provenance import carry_stamp
 
 __all__ = ["call_like", "splice_before"]
 
@@ -42,6 +44,7 @@ def _take_origin(node: torch.fx.Node, origin: torch.fx.Node | None) -> None:
     for key in _ORIGIN_KEYS:
         if key in origin.meta:
             node.meta[key] = origin.meta[key]
+    carry_stamp(node, origin)
 
 
 def call_like(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RewriteStamp", "rewrite_stamp", "stamp"]
+__all__ = ["RewriteStamp", "carry_stamp", "rewrite_stamp", "stamp"]
 
 _KEY = "xnnguard_rewrite"
 _CUSTOM = "custom"
@@ -60,3 +60,14 @@ def rewrite_stamp(node: torch.fx.Node) -> RewriteStamp | None:
         found.get("note"),
         bool(found.get("shares_input", False)),
     )
+
+
+def carry_stamp(node: torch.fx.Node, origin: torch.fx.Node) -> None:
+    """Give ``node``, which stands in for ``origin``, ``origin``'s stamp, if it has one.
+
+    A node that replaces a piece of a rewritten op (a layout pass moving it, a later rewrite of it) is
+    still a piece of that op: were it to lose the stamp, the quantizer would round where the op does not.
+    """
+    found = (origin.meta.get(_CUSTOM) or {}).get(_KEY)
+    if isinstance(found, dict):
+        node.meta.setdefault(_CUSTOM, {}).setdefault(_KEY, dict(found))
