@@ -168,6 +168,26 @@ def test_a_moved_piece_of_a_rewritten_op_is_still_a_piece_of_it() -> None:
     assert [rewrite_stamp(n) for n in nodes] == [mark] * len(nodes)
 
 
+def test_the_moves_after_a_sunk_op_give_its_value_and_are_no_pieces_of_what_it_read() -> None:
+    """A rewritten mean's last reshape, moved past an add, is the add's: the mean keeps one result."""
+
+    class Moved(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * 2).permute(1, 0) + 1.0
+
+    graph_module = torch.export.export(Moved(), (torch.randn(3, 4),)).module()
+    mark = RewriteStamp("mean", "aten.mean.dim", stays_float=True, shares_input=True)
+    for node in graph_module.graph.nodes:
+        if node.target in (torch.ops.aten.mul.Tensor, torch.ops.aten.permute.default):
+            stamp(node, mark)
+    result = SinkElementwiseThroughMovesPass()(graph_module)
+    assert result is not None and result.modified
+    nodes = [n for n in result.graph_module.graph.nodes if n.op == "call_function"]
+    assert [(n.target, rewrite_stamp(n)) for n in nodes] == [
+        (torch.ops.aten.mul.Tensor, mark), (torch.ops.aten.add.Tensor, None), (torch.ops.aten.permute.default, None)
+    ]
+
+
 def _separable(c_in: int, c_out: int) -> nn.Module:
     spatial = nn.Conv3d(c_in, c_out, (1, 3, 3), padding=(0, 1, 1))
     return nn.Sequential(spatial, nn.Conv3d(c_out, c_out, (3, 1, 1), padding=(1, 0, 0)))

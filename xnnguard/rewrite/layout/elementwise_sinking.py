@@ -99,6 +99,8 @@ class SinkElementwiseThroughMovesPass(LayoutPass[list[list[torch.fx.Node]]]):
         with graph.inserting_before(node):
             moved = call_like(graph, node, _ELEMENTWISE[node.target], args, dict(node.kwargs))  # type: ignore[index]
             for step in site[0]:
-                moved = call_like(graph, step, step.target, (moved, *step.args[1:]), dict(step.kwargs))
+                # The moves now give ``node``'s value: they stand in for it, not for the chain's pieces (a
+                # rewritten mean whose last reshape moved past an add would have two results to quantize).
+                moved = call_like(graph, node, step.target, (moved, *step.args[1:]), dict(step.kwargs))
         node.replace_all_uses_with(moved)
         graph.erase_node(node)  # an in-place op is no dead code to DCE
