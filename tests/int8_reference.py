@@ -26,7 +26,15 @@ from tests.support import Lowered, lower, run_pte
 
 Int8 = Literal["static", "dynamic"]
 
-__all__ = ["Int8", "Int8Result", "activation_scales", "converted_pt2e", "int8_against_the_original", "no_new_scales"]
+__all__ = [
+    "Int8",
+    "Int8Result",
+    "activation_scales",
+    "converted_pt2e",
+    "int8_against_the_original",
+    "no_new_scales",
+    "static_scales",
+]
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,25 @@ def _output_scale(converted: torch.fx.GraphModule) -> float | None:
     return float(scale) if isinstance(scale, float) else None
 
 
+def _both_converted(
+    model: torch.nn.Module, x: torch.Tensor, mode: Int8, rewrites: list[PassBase] | None, shapes: object
+) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule, xnnguard.XNNPACKQuantizer]:
+    """The original quantized the stock way, and xnnguard's rewritten program quantized by its quantizer."""
+    model = model.eval()
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=mode == "dynamic")
+    original = torch.export.export(model, (x,), dynamic_shapes=shapes)
+    ideal_model = converted_pt2e(original.module(), x, StockQuantizer().set_global(config))
+    quantizer = xnnguard.XNNPACKQuantizer().set_global(config)
+    rewritten = xnnguard.XnnpackRewriter(rewrites, strict=True)(torch.export.export(model, (x,), dynamic_shapes=shapes))
+    return ideal_model, converted_pt2e(rewritten.module(), x, quantizer), quantizer
+
+
+def static_scales(model: torch.nn.Module, x: torch.Tensor) -> tuple[frozenset[float], frozenset[float]]:
+    """The activation scales of xnnguard's static int8 model and of the original's: no lowering, no run."""
+    ideal_model, converted, _ = _both_converted(model, x, "static", None, None)
+    return activation_scales(converted), activation_scales(ideal_model)
+
+
 def int8_against_the_original(
     model: torch.nn.Module,
     x: torch.Tensor,
@@ -77,14 +104,8 @@ def int8_against_the_original(
     ``dynamic_batch``: both sides are exported with a dynamic batch (``x``'s, at least 2) and compared at
     ``x``, at batch 1 and at one more than ``x``'s; ``steps`` is the largest distance of the three.
     """
-    model = model.eval()
     shapes = ({0: torch.export.Dim("batch", min=1, max=8)},) if dynamic_batch else None
-    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=mode == "dynamic")
-    original = torch.export.export(model, (x,), dynamic_shapes=shapes)
-    ideal_model = converted_pt2e(original.module(), x, StockQuantizer().set_global(config))
-    quantizer = xnnguard.XNNPACKQuantizer().set_global(config)
-    rewritten = xnnguard.XnnpackRewriter(rewrites, strict=True)(torch.export.export(model, (x,), dynamic_shapes=shapes))
-    converted = converted_pt2e(rewritten.module(), x, quantizer)
+    ideal_model, converted, quantizer = _both_converted(model, x, mode, rewrites, shapes)
     program = torch.export.export(converted, (x,), dynamic_shapes=shapes)
     lowered = lower(program, (x,), xnnguard.XnnpackPartitioner())
     steps = 0.0
