@@ -66,6 +66,26 @@ def test_a_chain_that_moves_elements_is_left_as_it_is() -> None:
     torch.testing.assert_close(result.graph_module(x), Transpose()(x), atol=0, rtol=0)
 
 
+def test_a_chain_that_shared_its_permute_with_a_collapsed_one_collapses_too() -> None:
+    """The first chain can only collapse once the second has, which comes after it in the graph."""
+
+    class Shared(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            p = (x * 2).permute(1, 0, 2)
+            first = p.reshape(3, 8).reshape(3, 2, 4)  # a permute, but only two reshapes to free while p is shared
+            second = p.permute(1, 0, 2)  # moves nothing
+            return first + 1, second + 1
+
+    x = torch.randn(2, 3, 4)
+    graph_module = torch.export.export(Shared(), (x,)).module()
+    result = CollapseMovementChainsPass()(graph_module)
+    assert result is not None and result.modified
+    ops = [n.target for n in result.graph_module.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.aten.reshape.default) == 0 and ops.count(torch.ops.aten.permute.default) == 1
+    for got, expected in zip(result.graph_module(x), Shared()(x)):
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
 def test_a_chain_that_moves_nothing_collapses_to_one_reshape() -> None:
     class RoundTrip(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,8 @@ logger = logging.getLogger("xnnguard.rewrite")
 
 Site = TypeVar("Site")
 
+_MAX_SWEEPS = 32
+
 
 class LayoutPass(PassBase, Generic[Site]):
     """Applies ``rewrite`` at every node ``site`` finds something at, in graph order; ``ensures`` none is left."""
@@ -35,15 +37,27 @@ class LayoutPass(PassBase, Generic[Site]):
         raise NotImplementedError
 
     def call(self, graph_module: torch.fx.GraphModule) -> ReportedPassResult:
+        """Sweeps the graph until a sweep finds no site.
+
+        One sweep is not enough: a rewrite frees nodes that an earlier site shared with it (a permute two
+        chains read), and a site passed over then, because what it would free was read elsewhere, is one
+        once the dead nodes are gone. Each rewrite moves ops toward their sources or shortens a chain,
+        so the sweeps end; ``_MAX_SWEEPS`` only guards against a pass that would not.
+        """
         graph = graph_module.graph
         changed = 0
-        for node in list(graph.nodes):
-            site = self.site(node)
-            if site is not None:
-                self.rewrite(graph, node, site)
-                changed += 1
-        if changed:
+        for _ in range(_MAX_SWEEPS):
+            found = 0
+            for node in list(graph.nodes):
+                site = self.site(node)
+                if site is not None:
+                    self.rewrite(graph, node, site)
+                    found += 1
+            if not found:
+                break
             graph.eliminate_dead_code()
+            changed += found
+        if changed:
             graph.lint()
             graph_module.recompile()
             logger.debug("%s: %d sites", type(self).__name__, changed)
