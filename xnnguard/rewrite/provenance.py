@@ -68,6 +68,6 @@ def carry_stamp(node: torch.fx.Node, origin: torch.fx.Node) -> None:
     A node that replaces a piece of a rewritten op (a layout pass moving it, a later rewrite of it) is
     still a piece of that op: were it to lose the stamp, the quantizer would round where the op does not.
     """
-    found = (origin.meta.get(_CUSTOM) or {}).get(_KEY)
-    if isinstance(found, dict):
-        node.meta.setdefault(_CUSTOM, {}).setdefault(_KEY, dict(found))
+    found = rewrite_stamp(origin)
+    if found is not None:
+        stamp(node, found)
