@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from executorch.backends.xnnpack.quantizer import xnnpack_quantizer_utils
 from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
     XNNPACKQuantizer as StockXNNPACKQuantizer,
     get_symmetric_quantization_config,
@@ -158,6 +159,44 @@ def test_a_3d_convolution_with_batch_norm_and_relu_stays_float_in_qat() -> None:
     prepared = prepare_qat_pt2e(model, quantizer)
     prepared(*inputs)
     assert _quantization_ops(convert_pt2e(prepared)) == Counter()
+
+
+class _PatternTraces:
+    """Calls through to the stock pattern tracer, counting them: the conv + batch norm patterns are traced there."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self._trace = xnnpack_quantizer_utils._get_aten_graph_module_for_pattern
+        monkeypatch.setattr(xnnpack_quantizer_utils, "_get_aten_graph_module_for_pattern", self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.count += 1
+        return self._trace(*args, **kwargs)
+
+
+def test_a_model_without_batch_norm_is_annotated_as_the_stock_quantizer_does_without_tracing_its_patterns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model, inputs = ConvReluConvTranspose(2), _inputs(*INPUT_2D)
+    stock = quantize_pt2e(model, inputs, StockXNNPACKQuantizer().set_global(_config()))
+    traces = _PatternTraces(monkeypatch)
+    quantizer = XNNPACKQuantizer().set_global(_config())
+    ours = quantize_pt2e(model, inputs, quantizer)
+    assert traces.count == 0
+    assert ours.code == stock.code
+    assert "SUPPORTED_PATTERNS" not in vars(quantizer)  # the stock list is the quantizer's again
+
+
+def test_a_model_with_batch_norm_is_matched_against_the_conv_batch_norm_patterns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a batch norm no conv precedes: prepare_pt2e folds one that follows a conv before annotating
+    inputs = _inputs(*INPUT_2D)
+    alone = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.ReLU(), torch.nn.BatchNorm2d(4)).eval()
+    model = torch.export.export(alone, inputs).module()
+    traces = _PatternTraces(monkeypatch)
+    prepare_pt2e(model, XNNPACKQuantizer().set_global(_config()))  # no convert: its conv-bn fold is torchao's
+    assert traces.count > 0
 
 
 @pytest.mark.parametrize(
