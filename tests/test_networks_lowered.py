@@ -17,10 +17,13 @@ from benchmarks.network_report import MAX_DELEGATES, compute_outside, lower_netw
 
 # One network per kind issue 12 names; the zoo's variants of a kind (SDPA, dynamic) are not repeated.
 KINDS = ("mvit", "s3d", "r2plus1d", "swin3d", "unet3d", "unet3d_gn", "video_vae", "videomae", "hiera", "qwen_vision")
+# In int8 one 3-D UNet is enough: the two differ only in their norm, and the instance norm's int8 program
+# has its own test (tests/test_rewrite_norm.py). A static int8 network takes 1-2 minutes to lower.
+PROGRAMS = [(name, precision) for name in KINDS for precision in ("float", "static")
+            if not (name == "unet3d" and precision == "static")]
 
 
-@pytest.mark.parametrize("precision", ["float", "static"])
-@pytest.mark.parametrize("name", KINDS)
+@pytest.mark.parametrize("name, precision", PROGRAMS)
 def test_a_network_runs_on_at_most_three_delegates_with_no_compute_outside_and_matches(
     name: str, precision: str, tmp_path: Path
 ) -> None:

@@ -197,8 +197,14 @@ def test_each_norm_lowers_fully_to_xnnpack_and_matches_eager(name: str) -> None:
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
-@pytest.mark.parametrize("mode", ["static", "dynamic"])
-@pytest.mark.parametrize("name", list(E2E))
+# A batch norm in the original graph makes torchao's convert trace its QAT conv-bn patterns (about a minute
+# a convert). The batch norm's pieces stay float in both modes (the stock quantizer annotates no batch norm
+# without a conv before it), so one mode is enough for it.
+INT8 = [(name, mode) for name in E2E for mode in ("static", "dynamic")
+        if not (name == "batch norm with batch statistics" and mode == "dynamic")]
+
+
+@pytest.mark.parametrize("name, mode", INT8)
 def test_each_norm_in_int8_is_delegated_within_two_steps_of_the_original_quantized(name: str, mode: Int8) -> None:
     """Against the un-rewritten model quantized the stock way: the norm's pieces add no rounding of their own."""
     model, x = _trained(name)
