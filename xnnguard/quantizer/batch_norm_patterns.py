@@ -16,17 +16,17 @@ from torch.fx import GraphModule
 
 from xnnguard.graph.ops import op_of
 
-__all__ = ["has_batch_norm", "is_batch_norm_pattern", "only_patterns_that_can_match"]
+__all__ = ["only_patterns_that_can_match"]
 
 _ATTRIBUTE = "SUPPORTED_PATTERNS"  # the list the stock ``_annotate_all_patterns`` loops over
 
 
-def has_batch_norm(model: GraphModule) -> bool:
+def _has_batch_norm(model: GraphModule) -> bool:
     """A node of any batch norm operator (``batch_norm``, ``_native_batch_norm_legit[_no_training]``, ...)."""
     return any((found := op_of(node)) is not None and "batch_norm" in found[0] for node in model.graph.nodes)
 
 
-def is_batch_norm_pattern(pattern: Any) -> bool:
+def _is_batch_norm_pattern(pattern: Any) -> bool:
     """A stock ``QuantPattern`` with a batch norm in it: ``conv_bn``, ``conv_transpose_bn_relu``, ..."""
     return "bn" in pattern.name.split("_")
 
@@ -38,12 +38,12 @@ def only_patterns_that_can_match(quantizer: Any, model: GraphModule) -> Iterator
     The stock loop reads ``self.SUPPORTED_PATTERNS``: an instance attribute shadows the class's list for
     this one call and is taken away after it (a list the caller set on the instance is put back).
     """
-    if has_batch_norm(model):
+    if _has_batch_norm(model):
         yield
         return
     own = quantizer.__dict__.get(_ATTRIBUTE)
     patterns: Sequence[Any] = getattr(quantizer, _ATTRIBUTE)
-    setattr(quantizer, _ATTRIBUTE, [pattern for pattern in patterns if not is_batch_norm_pattern(pattern)])
+    setattr(quantizer, _ATTRIBUTE, [pattern for pattern in patterns if not _is_batch_norm_pattern(pattern)])
     try:
         yield
     finally:
