@@ -18,11 +18,12 @@ from benchmarks.network_report import MAX_DELEGATES, compute_outside, lower_netw
 # One network per kind issue 12 names; the zoo's variants of a kind (SDPA, dynamic) are not repeated.
 KINDS = ("mvit", "s3d", "r2plus1d", "swin3d", "unet3d", "unet3d_gn", "video_vae", "videomae", "hiera", "qwen_vision")
 # Static int8 (1-2 minutes of ExecuTorch lowering each): the 3-D CNNs whose convs stay float between int8
-# ops, the video VAE (RMS norms, causal pads, upsampling) and the transformers. Left to `make bench`'s int8
+# ops, the video VAE (RMS norms, causal pads, upsampling) and two transformers. Left to `make bench`'s int8
 # rows, each with an int8 test of its own op: MViT's pooling attention (test_rewrite_attention), the 3-D
 # UNets' norms and upsampling (test_rewrite_norm, test_rewrite_upsample), Swin3D (test_partitioner_int8
-# lowers a small one with both quantizers).
-INT8_KINDS = ("s3d", "r2plus1d", "video_vae", "videomae", "hiera", "qwen_vision")
+# lowers a small one with both quantizers), Hiera's 7-D mask units and stage change (test_reduce_rank's
+# int8 window block, test_partitioner_merge).
+INT8_KINDS = ("s3d", "r2plus1d", "video_vae", "videomae", "qwen_vision")
 PROGRAMS = [(name, "float") for name in KINDS] + [(name, "static") for name in INT8_KINDS]
 
 
