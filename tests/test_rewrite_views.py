@@ -398,3 +398,25 @@ def test_the_view_rewrites_keep_a_dynamic_batch_and_the_program_runs_at_other_ba
     for size in (2, 5, 1):
         x = torch.randn(size, 12, 8)
         torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], model(x), atol=1e-4, rtol=1e-4)
+
+
+class TokenAttention(torch.nn.Module):
+    """Attention over a token count that varies from call to call: the scores are (heads, N, N)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        scores = torch.matmul(q, k.transpose(1, 2)) * 0.25
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def test_an_attention_over_a_dynamic_token_count_runs_in_one_delegate_at_other_counts() -> None:
+    """Its matmuls are of 3-D operands: no view of the (heads, N, N) scores, which has two dynamic sizes."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 6, 4) for _ in range(3))
+    tokens = torch.export.Dim("tokens", min=2, max=32)
+    shapes = ({1: tokens}, {1: tokens}, {1: tokens})
+    ep = rewrite_for_xnnpack(torch.export.export(TokenAttention(), (q, k, v), dynamic_shapes=shapes), strict=True)
+    lowered = lower(ep, (q, k, v), xnnguard.XnnpackPartitioner())
+    assert lowered.num_delegates == 1 and set(lowered.outside_ops()) <= {"sym_size"}, lowered.outside_ops()
+    for count in (6, 3, 17):
+        inputs = tuple(torch.randn(2, count, 4) for _ in range(3))
+        torch.testing.assert_close(run_pte(lowered.buffer, inputs)[0], TokenAttention()(*inputs), atol=1e-5, rtol=1e-5)

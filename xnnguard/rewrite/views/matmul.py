@@ -79,8 +79,18 @@ def matmul_as_bmm(
         b = b.reshape(view_sizes([1] * (ones_b.dim() - b.dim()) + list(b.shape))) * ones_b
     batch = a.shape[:-2] if a.dim() >= b.dim() else b.shape[:-2]
     n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
-    out = torch.bmm(a.reshape(-1, n, k), b.reshape(-1, k, m))
-    return out.reshape(view_sizes([*batch, n, m]))
+    out = torch.bmm(_as_3d(a, n, k), _as_3d(b, k, m))
+    return out if len(batch) == 1 else out.reshape(view_sizes([*batch, n, m]))
+
+
+def _as_3d(t: torch.Tensor, rows: int | torch.SymInt, columns: int | torch.SymInt) -> torch.Tensor:
+    """``t`` as ``(batch, rows, columns)``; a 3-D ``t`` as it is.
+
+    A view to its own sizes moves nothing, but it is one more op, and XNNPACK takes a view with one
+    dynamic size only (written -1): an attention's scores over a dynamic token count have two, and each
+    such view ran outside the delegate, cutting it.
+    """
+    return t if t.dim() == 3 else t.reshape(-1, rows, columns)
 
 
 def _ones_for(batch: Sequence[int | torch.SymInt], own: Sequence[int | torch.SymInt], tail: Sequence[int],
