@@ -420,3 +420,28 @@ def test_an_attention_over_a_dynamic_token_count_runs_in_one_delegate_at_other_c
     for count in (6, 3, 17):
         inputs = tuple(torch.randn(2, count, 4) for _ in range(3))
         torch.testing.assert_close(run_pte(lowered.buffer, inputs)[0], TokenAttention()(*inputs), atol=1e-5, rtol=1e-5)
+
+
+class OneImageMask(torch.nn.Module):
+    """Qwen2-VL's block-diagonal mask for one image: ``full(min)``, then the one block set to 0 (all of it)."""
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        n = scores.shape[-1]
+        mask = torch.full([1, n, n], torch.finfo(scores.dtype).min, dtype=scores.dtype)
+        mask[..., 0:n, 0:n] = 0
+        return torch.softmax(scores + mask, dim=-1)
+
+
+def test_a_mask_of_a_dynamic_token_count_filled_with_one_value_is_that_value_added() -> None:
+    """A tensor of a dynamic size has no XNNPACK form (no fill op); its one value broadcast by the add has."""
+    torch.manual_seed(0)
+    scores = torch.randn(2, 6, 6)
+    tokens = torch.export.Dim("tokens", min=2, max=32)
+    program = torch.export.export(OneImageMask(), (scores,), dynamic_shapes=({1: tokens, 2: tokens},))
+    ep = rewrite_for_xnnpack(program, strict=True)
+    assert not {"full", "fill_"} & set(_ops(ep.graph_module))
+    lowered = lower(ep, (scores,), xnnguard.XnnpackPartitioner())
+    assert lowered.num_delegates == 1 and set(lowered.outside_ops()) <= {"sym_size"}, lowered.outside_ops()
+    for count in (6, 3, 17):
+        x = torch.randn(2, count, count)
+        torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], OneImageMask()(x), atol=1e-6, rtol=1e-6)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from xnnguard.graph.shapes import static_shape, tensor_value
+from xnnguard.graph.shapes import same_size, static_shape, tensor_value
 
 __all__ = ["BROADCASTING_BINARY_OPS", "broadcasts_in_place_of"]
 
@@ -33,6 +33,8 @@ def broadcasts_in_place_of(user: torch.fx.Node, operand: torch.fx.Node, smaller:
         return False
     if operand not in user.args[:2] or any(isinstance(v, torch.fx.Node) for v in user.kwargs.values()):
         return False
+    if _one_element_beside_the_output(user, operand, smaller):
+        return True
     output = static_shape(user)
     small = tensor_value(smaller)
     if output is None or small is None or static_shape(smaller) is None:
@@ -47,3 +49,23 @@ def broadcasts_in_place_of(user: torch.fx.Node, operand: torch.fx.Node, smaller:
         return False
     original = tensor_value(operand)
     return tuple(shape) == output and original is not None and small.dtype == original.dtype
+
+
+def _one_element_beside_the_output(user: torch.fx.Node, operand: torch.fx.Node, smaller: torch.fx.Node) -> bool:
+    """``smaller`` holds one element and ``user``'s other operand is a tensor of ``user``'s output shape.
+
+    Then ``smaller`` broadcasts to that shape whatever its sizes are, dynamic ones included (an attention
+    mask of the token count filled with one value, added to the scores).
+    """
+    small, original, out = tensor_value(smaller), tensor_value(operand), tensor_value(user)
+    if small is None or original is None or out is None or small.dtype != original.dtype:
+        return False
+    if small.dim() > out.dim() or any(not isinstance(size, int) or size != 1 for size in small.shape):
+        return False
+    others = [arg for arg in user.args[:2] if arg is not operand]
+    if len(others) != 1 or not isinstance(others[0], torch.fx.Node):
+        return False
+    other = tensor_value(others[0])
+    return other is not None and other.dim() == out.dim() and all(
+        same_size(a, b) for a, b in zip(other.shape, out.shape))
+

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["dynamic_broadcast_dim", "shape_with_inferred_batch", "static_shape", "tensor_value"]
+__all__ = ["dynamic_broadcast_dim", "same_size", "shape_with_inferred_batch", "static_shape", "tensor_value"]
 
 
 def tensor_value(node: object) -> torch.Tensor | None:
@@ -48,3 +48,12 @@ def dynamic_broadcast_dim(source: Sequence[object], target: Sequence[object]) ->
         if isinstance(before, int) and before == 1 and not isinstance(size, int):
             return dim
     return None
+
+
+def same_size(a: int | torch.SymInt, b: int | torch.SymInt) -> bool:
+    """Sizes known equal without adding a guard (a dynamic size equals only the same symbol)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if isinstance(a, int) or isinstance(b, int):
+        return False
+    return bool(a.node.expr == b.node.expr)  # two SymInts: their symbolic expressions

@@ -22,11 +22,11 @@ import math
 
 import torch
 
-from xnnguard.graph.shapes import tensor_value
+from xnnguard.graph.shapes import same_size, tensor_value
 from xnnguard.report import Rule
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.views.base import replace_by
-from xnnguard.rewrite.views.matmul import matmul_as_bmm, same_size
+from xnnguard.rewrite.views.matmul import matmul_as_bmm
 from xnnguard.rules.tagged import tag_of
 
 __all__ = ["AttentionAsBmmPass", "attention_as_bmm"]

@@ -1,7 +1,8 @@
 """``expand``, ``repeat`` and ``repeat_interleave`` as broadcasts XNNPACK runs.
 
 Invariant established: no ``expand`` is left except one whose broadcast dims have dynamic sizes or whose
-tensor is not floating-point, and no ``repeat`` / ``repeat_interleave`` (by an int) with static shapes
+tensor is not floating-point, no ``fill`` read only by broadcasting binary ops that broadcast its value to
+their own output, and no ``repeat`` / ``repeat_interleave`` (by an int) with static shapes
 and a floating-point tensor. ExecuTorch 1.5.1's XNNPACK partitioner has no config for ``expand_copy`` or
 ``repeat``: they ran on the portable kernels, between delegates.
 
@@ -10,6 +11,9 @@ The forms:
 * an expand to its own input's shape is its input;
 * an expand read only by broadcasting binary ops (``add``, ``mul``...) that broadcast its input to the
   same result is dropped: they read its input (``xnnguard.graph.broadcast``);
+* a ``fill`` of a tensor nothing else reads is its value expanded: read only by such ops, it is dropped
+  the same way (an attention mask of a dynamic token count made by ``full`` and a slice assignment
+  that covers it, added to the scores, is the one value added to them);
 * any other expand is ``reshape(x) * ones``, the ``ones`` constant 1 except along the broadcast dims:
   XNNPACK's multiply broadcasts;
 * ``repeat(x, r)`` along dim ``d`` is ``x`` viewed with a new size-1 dim in front of ``d``, multiplied by
@@ -43,7 +47,8 @@ _aten = torch.ops.aten
 _EXPANDS = {_aten.expand.default}
 _REPEATS = {_aten.repeat.default}
 _INTERLEAVES = {_aten.repeat_interleave.self_int}
-TARGETS = frozenset(_EXPANDS | _REPEATS | _INTERLEAVES)
+_FILLS = {_aten.fill_.Tensor, _aten.fill.Tensor}
+TARGETS = frozenset(_EXPANDS | _REPEATS | _INTERLEAVES | _FILLS)
 
 
 def broadcast_form(
@@ -106,6 +111,8 @@ class BroadcastViewsPass(AliasAwarePass):
             return "its input is not a tensor"
         if node.target in _EXPANDS:
             return self._expand(graph_module, node, x, before, after)
+        if node.target in _FILLS:
+            return self._fill(graph_module, node, x)
         if not before.dtype.is_floating_point:
             return f"a {before.dtype} tensor (XNNPACK multiplies floating-point ones)"
         shape = list(before.shape)
@@ -132,6 +139,22 @@ class BroadcastViewsPass(AliasAwarePass):
             return repeat_by_broadcast(flat, repeats, interleave=interleave, ones=ones_)
 
         replace_by(graph_module, node, replacement, [x, ones])
+        return None
+
+    @staticmethod
+    def _fill(graph_module: torch.fx.GraphModule, node: torch.fx.Node, filled: torch.fx.Node) -> str | None:
+        """A tensor nothing else reads, filled with one value: that value, broadcast by its readers."""
+        value = node.args[1]
+        if not isinstance(value, torch.fx.Node):
+            return "its value is not a tensor in the graph"
+        if list(filled.users) != [node]:
+            return "the tensor it fills is read elsewhere too"
+        users = list(node.users)
+        if not users or not all(broadcasts_in_place_of(user, node, value) for user in users):
+            return "a reader of it does not broadcast its value to its own shape"
+        for user in users:
+            user.replace_input_with(node, value)
+        graph_module.graph.erase_node(node)  # in place: no dead code to DCE
         return None
 
     @staticmethod

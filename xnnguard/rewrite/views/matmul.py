@@ -31,22 +31,13 @@ from collections.abc import Sequence
 
 import torch
 
-from xnnguard.graph.shapes import tensor_value
+from xnnguard.graph.shapes import same_size, tensor_value
 from xnnguard.report import Rule
 from xnnguard.rewrite.views.base import AliasAwarePass, replace_by, view_sizes
 
 __all__ = ["Einsum", "MatmulAsBmmPass", "einsum_as_bmm", "matmul_as_bmm", "parse_einsum"]
 
 _aten = torch.ops.aten
-
-
-def same_size(a: int | torch.SymInt, b: int | torch.SymInt) -> bool:
-    """Sizes known equal without adding a guard (a dynamic size equals only the same symbol)."""
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt):
-        return bool(a.node.expr == b.node.expr)
-    return False
 
 
 def _is_one(size: int | torch.SymInt) -> bool:
