@@ -68,4 +68,3 @@ def _one_element_beside_the_output(user: torch.fx.Node, operand: torch.fx.Node, 
     other = tensor_value(others[0])
     return other is not None and other.dim() == out.dim() and all(
         same_size(a, b) for a, b in zip(other.shape, out.shape))
-

@@ -1,10 +1,10 @@
 """``expand``, ``repeat`` and ``repeat_interleave`` as broadcasts XNNPACK runs.
 
 Invariant established: no ``expand`` is left except one whose broadcast dims have dynamic sizes or whose
-tensor is not floating-point, no ``fill`` read only by broadcasting binary ops that broadcast its value to
-their own output, and no ``repeat`` / ``repeat_interleave`` (by an int) with static shapes
-and a floating-point tensor. ExecuTorch 1.5.1's XNNPACK partitioner has no config for ``expand_copy`` or
-``repeat``: they ran on the portable kernels, between delegates.
+tensor is not floating-point, no ``fill`` of a tensor nothing else reads whose readers are all broadcasting
+binary ops that broadcast its value to their own output, and no ``repeat`` / ``repeat_interleave`` (by an
+int) with static shapes and a floating-point tensor. ExecuTorch 1.5.1's XNNPACK partitioner has no config
+for ``expand_copy``, ``repeat`` or ``fill``: they ran on the portable kernels, between delegates.
 
 The forms:
 
