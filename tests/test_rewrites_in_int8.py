@@ -52,6 +52,21 @@ class Then(nn.Module):
         return self.after(y) if self.after is not None else y
 
 
+class MaskedAttention(nn.Module):
+    """3-D attention (matmuls of 3-D operands) with Qwen2-VL's one-image mask: ``full(min)``, all of it set to 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(8, 24), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        n = x.shape[1]
+        mask = torch.full([1, n, n], torch.finfo(x.dtype).min, dtype=x.dtype)
+        mask[..., 0:n, 0:n] = 0
+        return self.proj(torch.matmul(torch.softmax(torch.matmul(q, k.transpose(1, 2)) * 0.35 + mask, dim=-1), v))
+
+
 def _conv(*layers: nn.Module) -> nn.Module:
     return nn.Sequential(nn.Conv3d(4, 8, 1), *layers)
 
@@ -108,6 +123,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
         lambda: nn.Sequential(nn.Conv2d(4, 8, 3), nn.GroupNorm(2, 8), nn.Conv2d(8, 4, 1)),
         (1, 4, 8, 8),
     ),
+    "3-D attention with a mask filled with one value": (MaskedAttention, (2, 6, 8)),
 }
 
 
