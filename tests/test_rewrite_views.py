@@ -279,6 +279,17 @@ def _reads(x: torch.Tensor, updates: list[tuple[int, int, int, str]]) -> list[to
     return [*reads, early * 1, y]
 
 
+def test_in_place_ops_on_a_whole_computed_tensor_are_no_slice_update_to_report() -> None:
+    def residual(x: torch.Tensor) -> torch.Tensor:  # ResNet's ``out += identity; relu(inplace=True)``
+        y = x * 2
+        y += x
+        return torch.relu_(y)
+
+    graph_module = torch.export.export(Fn(residual), (torch.randn(2, 3),)).module()
+    assert not InPlaceSliceUpdatesPass().applies_to(graph_module)
+    assert run_passes([InPlaceSliceUpdatesPass()], graph_module, strict=True).report == ()
+
+
 def test_a_write_into_a_graph_input_is_left() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         x[:, 1:] += 1

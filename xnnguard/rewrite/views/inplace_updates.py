@@ -107,6 +107,20 @@ def _functional(writer: torch.fx.Node) -> Any | None:
     return getattr(packet, target._overloadname, None) if packet is not None else None
 
 
+def _is_a_view(target: torch.fx.Node, root: torch.fx.Node, aliasing: Aliasing) -> bool:
+    """Whether ``target`` is a view of ``root`` rather than ``root`` itself.
+
+    An in-place op returns the tensor it wrote, and ``alias`` is the same tensor: ``relu_(add_(bn, r))``
+    (ResNet's residual with an in-place ReLU) writes the batch norm's whole output, not a slice of it.
+    """
+    node: torch.fx.Node | None = target
+    while node is not None and node is not root:
+        if node not in aliasing.written and node.target is not _aten.alias.default:
+            return True
+        node = aliased_input(node)
+    return False
+
+
 class _Replay:
     """The writes of one root replayed on a functional current value (see the module docstring)."""
 
@@ -279,7 +293,8 @@ class InPlaceSliceUpdatesPass(NodeRewritePass):
 
     def _writes_through_views(self, node: torch.fx.Node, aliasing: Aliasing) -> bool:
         return any(
-            target is not node for writer in aliasing.writers.get(node, ()) for target in aliasing.written[writer]
+            _is_a_view(target, node, aliasing)
+            for writer in aliasing.writers.get(node, ()) for target in aliasing.written[writer]
         )
 
     def picks(self, node: torch.fx.Node) -> bool:
