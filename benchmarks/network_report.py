@@ -459,7 +459,9 @@ def details(results: Sequence[Result]) -> str:
     lines = []
     for r in results:
         stages = ", ".join(f"{name} {seconds:.1f}" for name, seconds in r.stage_s.items())
-        lines.append(f"{r.network} [{r.precision}, {r.flow}]: {r.status}" + (f" (s: {stages})" if stages else ""))
+        batch = ", dynamic batch" if r.batch == "dynamic" else ""
+        timing = f" (s: {stages})" if stages else ""
+        lines.append(f"{r.network} [{r.precision}{batch}, {r.flow}]: {r.status}{timing}")
         if r.error:
             lines.append(f"  error: {r.error[:1500]}")
         if r.outside_kinds:

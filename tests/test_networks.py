@@ -137,3 +137,11 @@ def test_a_missed_median_is_out_of_reach_only_when_every_ceiling_bounds_its_netw
     not_a_bound = [*bounded[:-1], row(COUNTED[-1], 30.0, 10.0, 12.0)]  # ceiling 2.5, 17 % below its ratio
     (missed,) = misses(not_a_bound)
     assert "no bound" in missed and COUNTED[-1] in missed and "out of reach" not in missed
+
+
+def test_the_details_of_a_lowering_name_its_dynamic_batch() -> None:
+    from benchmarks.network_report import Result, details
+
+    static, dynamic = (Result("s3d", "bench", "static", "xnnguard", batch=batch) for batch in ("static", "dynamic"))
+    assert details([static, dynamic]).splitlines() == [
+        "s3d [static, xnnguard]: ok", "s3d [static, dynamic batch, xnnguard]: ok"]
