@@ -245,6 +245,7 @@ class TwoConvs(nn.Module):
         self.between = between
         self.a, self.b = nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
         self.scale, self.shift = nn.Parameter(torch.rand(1, 8, 1, 1) + 0.5), nn.Parameter(torch.randn(1, 8, 1, 1))
+        self.gain = nn.Parameter(torch.rand(8, 1, 1) + 0.5)  # an RMS norm's gain, as video VAEs shape it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.a(x)
@@ -252,6 +253,8 @@ class TwoConvs(nn.Module):
             y = y + 1.0
         elif self.between == "reshape":
             y = y.reshape(1, 8, 4, 16)
+        elif self.between == "gain":
+            y = y * self.gain
         else:  # a norm's affine on a tensor reshaped back from another layout (a video VAE's frame fold)
             y = y.reshape(1, 8, 64).transpose(1, 2).reshape(1, 8, 8, 8) * self.scale + self.shift
         return self.b(y)
@@ -271,6 +274,7 @@ def _dynamic_int8(
 @pytest.mark.parametrize("between", [
     pytest.param("add", id="add: 1.5.1 lays out the graph input, 76 % of the range off"),
     pytest.param("affine", id="affine of a reshape: 1.5.1 feeds the conv another tensor's layout"),
+    pytest.param("gain", id="gain of shape (C, 1, 1): 1.5.1 feeds the conv its NCHW input as NHWC, 86 % off"),
 ])
 def test_a_dynamically_quantized_conv_behind_an_op_the_layout_walk_passes_computes_the_converted_models_numbers(
     between: str,
@@ -290,7 +294,7 @@ def test_a_dynamically_quantized_conv_behind_a_reshape_loads_and_runs() -> None:
     assert (out - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255
 
 
-@pytest.mark.parametrize("between", ["add", "reshape", "affine"])
+@pytest.mark.parametrize("between", ["add", "reshape", "affine", "gain"])
 def test_with_xnnguards_dynamic_quantizer_a_conv_behind_such_an_op_stays_on_xnnpack_and_matches(between: str) -> None:
     """The quantizer gives the conv a cat input, where 1.5.1's layout walk stops on the right tensor."""
     torch.manual_seed(0)

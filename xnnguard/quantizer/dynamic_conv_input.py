@@ -10,7 +10,7 @@ static int8 programs pay no such copy.)
 
 The cat of the input's two halves is the input itself, in float: a dynamic config annotates neither
 the slices nor the cat, so no rounding is added. It costs one copy of the input, and is only made where
-the walk is known to break the program.
+the walk may break the program (``xnnguard.rules.dynamic_conv_source``).
 """
 
 from __future__ import annotations

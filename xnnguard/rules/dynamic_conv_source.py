@@ -12,11 +12,16 @@ delegate fails at init; behind any other op (``conv -> add -> conv``) it convert
 whose readers were already laid out, and the program runs with wrong numbers (measured: 76 % of the
 output range off, stock and xnnguard alike, before this rule).
 
-Where the overshoot is known to break the program (the walk passes a view, or a binary op with a
-scalar operand), the convolution is not delegated as a dynamically quantized op; it runs on
-ExecuTorch's portable kernels, with its quantization, and computes the right numbers. Where the walk
-passes only ReLUs and per-channel affines back to a conv or pooling, 1.5.1's result is right
-(measured), and the conv stays inside.
+The overshoot is harmless only where the tensor the conv quantizes is NHWC already, since the pass then
+converts nothing: where it comes from a conv or pooling, whose output XNNPACK holds channels-last,
+through ops the pass keeps in their input's layout (unary elementwise ops, q/dq, slices, and binary ops
+whose operands are all 4-D, which it converts to NHWC together). Anything else is taken to break the program,
+and the convolution is not delegated as a dynamically quantized op: it runs on ExecuTorch's portable
+kernels, with its quantization, and computes the right numbers. Measured breakages: a view (the
+delegate fails at init, or its conv reads a tensor of other channels: a video VAE's norm behind a
+frame fold), a scalar operand (``conv -> +1 -> conv``: 76 % of the range off), a per-channel gain of
+shape (C, 1, 1) (``conv -> * gain -> conv``: 86 % off, with the same channel count, so XNNPACK reads
+the NCHW tensor as NHWC without a word).
 ``xnnguard.XNNPACKQuantizer`` gives such a conv a ``cat`` input instead (``xnnguard.quantizer.dynamic_conv_input``).
 """
 
@@ -64,40 +69,44 @@ def _first_arg(node: object) -> object:
     return args[0] if args else None
 
 
-_VIEWS = frozenset({"view", "view_copy", "reshape", "_unsafe_view", "squeeze", "squeeze_copy", "unsqueeze",
-                    "unsqueeze_copy"})
-_BINARY = frozenset({"add", "sub", "mul", "div"})
+# Ops 1.5.1's pass keeps in the layout of their input: unary elementwise ops (ATen and edge names), q/dq,
+# and a slice (its serializer moves the sliced dim to NHWC: a crop between two convs runs right, measured).
+_KEEPS_LAYOUT = frozenset({
+    "relu", "relu_", "hardtanh", "hardtanh_", "clamp", "sigmoid", "tanh", "gelu", "silu", "silu_", "hardswish",
+    "hardswish_", "leaky_relu", "leaky_relu_", "elu", "neg", "abs",
+    "quantize_per_tensor", "dequantize_per_tensor", "slice", "slice_copy",
+})
+_BINARY = frozenset({"add", "sub", "mul", "div", "add_", "sub_", "mul_", "div_"})
 # XNNPACK's NHWC ops, in the edge program and (conv2d) in the ATen graph the quantizer sees
 _CHANNELS_LAST = frozenset({"convolution", "conv2d", "max_pool2d", "max_pool2d_with_indices", "avg_pool2d"})
 
 
 def _overshoot_breaks(quantized: torch.fx.Node, end: torch.fx.Node) -> bool:
-    """True where the walk from ``quantized`` up to ``end`` is known to break the program (measured on 1.5.1).
+    """False only where ``quantized`` is certainly NHWC when 1.5.1's pass reaches its conv, so nothing is converted.
 
-    Through a view the walk reaches a tensor of another shape (the delegate fails at init, or its conv
-    reads a tensor of other channels: a video VAE's norm behind a frame fold); through a binary op with
-    a scalar operand the layouts it re-converges come out wrong (conv -> +1 -> conv: 76 % of the range
-    off). Through ReLUs and per-channel affines (a norm's last add) back to a conv or pooling, whose output
-    XNNPACK holds channels-last already, 1.5.1's result is right, and the conv stays delegated.
+    That is where the walk from ``quantized`` reaches a conv or pooling through ops that keep its NHWC
+    output NHWC (``_keeps_layout``). A binary op with an operand that is not 4-D (a scalar, a gain of
+    shape (C, 1, 1)) cannot be converted, so the pass lays the op out NCHW; a view, a permute, a linear
+    and any op not known to keep the layout are taken to break it too (measured cases in the docstring).
     """
     node: object = quantized
     while node is not end and _is_node(node):
         if is_op(node, _CHANNELS_LAST):
             return False  # what it reads from here on is laid out already
-        if is_op(node, _VIEWS) or _has_scalar_operand(node):
+        if not _keeps_layout(node):
             return True
         node = _first_arg(node)
-    return False
+    return True  # the walk reached where it converts without passing a conv: another tensor is converted
 
 
-def _has_scalar_operand(node: object) -> bool:
+def _keeps_layout(node: object) -> bool:
+    if is_op(node, _KEEPS_LAYOUT):
+        return True
     if not is_op(node, _BINARY):
         return False
-    for operand in getattr(node, "args", ())[:2]:
-        value = getattr(operand, "meta", {}).get("val") if _is_node(operand) else operand
-        if isinstance(value, int | float) or getattr(value, "ndim", None) == 0:
-            return True
-    return False
+    operands = getattr(node, "args", ())[:2]
+    return all(_is_node(operand) and getattr(operand.meta.get("val"), "ndim", None) == 4
+               for operand in operands)
 
 
 def walk_misplaces(quantized: torch.fx.Node) -> bool:
