@@ -48,6 +48,24 @@ def test_the_rounding_floor_is_zero_when_no_activation_moves_and_grows_as_more_d
     torch.testing.assert_close(converted(*inputs), before, atol=0, rtol=0)  # the model itself is left as it was
 
 
+def test_the_rounding_floor_is_the_largest_of_its_draws() -> None:
+    """A program's rounding error is one draw of the floor's kind: a median would call half of them a mismatch."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from benchmarks.rounding_floor import rounding_draws, rounding_floor
+    from tests.support import xnnpack_quantizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).eval()
+    inputs = (torch.randn(1, 3, 16, 16),)
+    prepared = prepare_pt2e(torch.export.export(model, inputs).module(), xnnpack_quantizer())
+    prepared(*inputs)
+    converted = convert_pt2e(prepared)
+    draws = sorted(rounding_draws(converted, inputs, 0.01, seeds=3))
+    assert draws[2] > 1.5 * draws[1]  # one output step more than the median in one draw of three
+    assert rounding_floor(converted, inputs, 0.01, seeds=3) == draws[2]
+
+
 def test_xnnpacks_dynamically_quantized_conv_quantizes_each_image_of_the_batch_on_its_own() -> None:
     """Why ``network_report`` takes a dynamic int8 result no further from float than its reference.
 
