@@ -31,17 +31,24 @@ def test_unknown_size_names_the_sizes() -> None:
         NETWORKS["mvit"]("huge")
 
 
-def test_the_rounding_floor_is_zero_when_no_activation_moves_and_grows_as_more_do() -> None:
+def _converted_conv_relu_conv() -> tuple[torch.fx.GraphModule, tuple[torch.Tensor, ...]]:
+    """A small static int8 converted pt2e model (seeded) and its calibration input."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from benchmarks.rounding_floor import rounding_floor
     from tests.support import xnnpack_quantizer
 
+    torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).eval()
     inputs = (torch.randn(1, 3, 16, 16),)
     prepared = prepare_pt2e(torch.export.export(model, inputs).module(), xnnpack_quantizer())
     prepared(*inputs)
-    converted = convert_pt2e(prepared)
+    return convert_pt2e(prepared), inputs
+
+
+def test_the_rounding_floor_is_zero_when_no_activation_moves_and_grows_as_more_do() -> None:
+    from benchmarks.rounding_floor import rounding_floor
+
+    converted, inputs = _converted_conv_relu_conv()
     before = converted(*inputs)
     floors = [rounding_floor(converted, inputs, fraction) for fraction in (0.0, 0.01, 0.5)]
     assert floors[0] == 0.0 and 0.0 < floors[1] < floors[2]  # type: ignore[operator]
@@ -50,17 +57,9 @@ def test_the_rounding_floor_is_zero_when_no_activation_moves_and_grows_as_more_d
 
 def test_the_rounding_floor_is_the_largest_of_its_draws() -> None:
     """A program's rounding error is one draw of the floor's kind: a median would call half of them a mismatch."""
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
     from benchmarks.rounding_floor import rounding_draws, rounding_floor
-    from tests.support import xnnpack_quantizer
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).eval()
-    inputs = (torch.randn(1, 3, 16, 16),)
-    prepared = prepare_pt2e(torch.export.export(model, inputs).module(), xnnpack_quantizer())
-    prepared(*inputs)
-    converted = convert_pt2e(prepared)
+    converted, inputs = _converted_conv_relu_conv()
     draws = sorted(rounding_draws(converted, inputs, 0.01, seeds=3))
     assert draws[2] > 1.5 * draws[1]  # one output step more than the median in one draw of three
     assert rounding_floor(converted, inputs, 0.01, seeds=3) == draws[2]
