@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from xnnguard.compat import require_supported_executorch
+from xnnguard.boundary.releases import require_supported_executorch
 
 __version__ = "0.1.0"
 

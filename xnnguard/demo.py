@@ -111,8 +111,8 @@ def _prepare(
 def _lower_and_run(ep: torch.export.ExportedProgram, inputs: Inputs, expected: torch.Tensor, partitioner: object,
                    pte_path: Path) -> Outcome:
     from executorch.exir import to_edge_transform_and_lower
-    from executorch.extension.pybindings import portable_lib
 
+    from xnnguard.boundary.runtime import load_program
     from xnnguard.runtime_check.runtime_load import captured_stderr
 
     try:
@@ -138,7 +138,7 @@ def _lower_and_run(ep: torch.export.ExportedProgram, inputs: Inputs, expected: t
     pte_path.write_bytes(buffer)
     with captured_stderr():
         try:
-            method = portable_lib._load_program_from_buffer(buffer).load_method("forward")
+            method = load_program(buffer).load_method("forward")
         except Exception:
             return Outcome("load error", None, delegated, outside, pte_path)
         try:
@@ -183,7 +183,7 @@ def run_demo(out_dir: Path, cases: tuple[Case, ...] = CASES) -> list[tuple[str, 
 
 def _release() -> str:
     """The installed ExecuTorch release, as the table's header names the stock side."""
-    from xnnguard.compat import executorch_version
+    from xnnguard.boundary.releases import executorch_version
 
     return (executorch_version() or "?").split("+")[0]
 

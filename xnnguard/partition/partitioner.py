@@ -11,7 +11,7 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
 * in ``to_edge_transform_and_lower``, first rewrites what has an equivalent XNNPACK takes: a max over H
   or W keeps its dim (``MaxKeepdimPass``), a PReLU of another rank is folded to 4-D (``PReLUTo4dPass``).
   ExecuTorch 1.5 runs them through ``transform_for_pre_decomposition``; 1.4, which has no such hook
-  (``xnnguard.compat.has_pre_decomposition_hook``), through the first ``ops_to_not_decompose`` call,
+  (``xnnguard.boundary.releases.has_pre_decomposition_hook``), through the first ``ops_to_not_decompose`` call,
   which 1.4 makes at the same point: on its own copy of the ATen program, before any decomposition;
   at the same point, a view with one dynamic dim (a dynamic batch) is written with -1 for it
   (``InferredViewPass``): the same view, in the form XNNPACK takes;
@@ -47,14 +47,14 @@ from executorch.exir.backend.partitioner import PartitionResult
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import Partition
 
-from xnnguard import compat
+from xnnguard.boundary import releases
+from xnnguard.boundary.why_no_partition import stock_reasons
 from xnnguard.graph.ops import target_name
 from xnnguard.partition import implicit_qdq
 from xnnguard.partition.configs import GUARDED_CONFIGS
 from xnnguard.partition.guard import GuardedConfig, Ledger
 from xnnguard.partition.merge import merge_partitions
 from xnnguard.partition.outside import is_operator_call, outside_record
-from xnnguard.partition.why import stock_reasons
 from xnnguard.report import KeptOut, Rule, summarize
 from xnnguard.rewrite.forms.inferred_view import InferredViewPass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
@@ -131,7 +131,7 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         copy it made with ``run_decompositions({})``, before any decomposition (where 1.5 calls the
         hook). Later calls find nothing left to rewrite; edge programs (``to_backend``) are not touched.
         """
-        if not compat.has_pre_decomposition_hook() and getattr(ep, "dialect", "EDGE") != "EDGE":
+        if not releases.has_pre_decomposition_hook() and getattr(ep, "dialect", "EDGE") != "EDGE":
             rewrites = _pre_decomposition_rewrites(ep.graph_module)
             if _has_dynamic_dims(ep.graph_module):
                 rewrites.append(InferredViewPass())
@@ -229,7 +229,7 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
     def _register_quantized_kernels_if_needed(gm: torch.fx.GraphModule) -> None:
         """q/dq left outside XNNPACK need ExecuTorch's quantized out-variants at ``to_executorch()``."""
         if any("delegation_tag" not in n.meta for n in implicit_qdq.quantization_nodes(gm.graph)):
-            compat.load_quantized_kernels()  # on 1.4.0 the plain import is not enough: see there
+            releases.load_quantized_kernels()  # on 1.4.0 the plain import is not enough: see there
 
 
 def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[NodeRewritePass]:

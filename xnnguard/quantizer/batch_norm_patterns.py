@@ -8,17 +8,16 @@ one, so skipping those patterns there changes no annotation.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from torch.fx import GraphModule
 
+from xnnguard.boundary.stock_quantizer import patterns_of, with_patterns
 from xnnguard.graph.ops import op_of
 
 __all__ = ["only_patterns_that_can_match"]
-
-_ATTRIBUTE = "SUPPORTED_PATTERNS"  # the list the stock ``_annotate_all_patterns`` loops over
 
 
 def _has_batch_norm(model: GraphModule) -> bool:
@@ -33,21 +32,9 @@ def _is_batch_norm_pattern(pattern: Any) -> bool:
 
 @contextmanager
 def only_patterns_that_can_match(quantizer: Any, model: GraphModule) -> Iterator[None]:
-    """While it lasts, ``quantizer`` loops over its patterns minus the batch norm ones if ``model`` has none.
-
-    The stock loop reads ``self.SUPPORTED_PATTERNS``: an instance attribute shadows the class's list for
-    this one call and is taken away after it (a list the caller set on the instance is put back).
-    """
+    """While it lasts, ``quantizer`` loops over its patterns minus the batch norm ones if ``model`` has none."""
     if _has_batch_norm(model):
         yield
         return
-    own = quantizer.__dict__.get(_ATTRIBUTE)
-    patterns: Sequence[Any] = getattr(quantizer, _ATTRIBUTE)
-    setattr(quantizer, _ATTRIBUTE, [pattern for pattern in patterns if not _is_batch_norm_pattern(pattern)])
-    try:
+    with with_patterns(quantizer, [p for p in patterns_of(quantizer) if not _is_batch_norm_pattern(p)]):
         yield
-    finally:
-        if own is None:
-            delattr(quantizer, _ATTRIBUTE)
-        else:
-            setattr(quantizer, _ATTRIBUTE, own)

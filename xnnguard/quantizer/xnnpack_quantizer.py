@@ -30,17 +30,14 @@ annotates them anyway. Here:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import torch
-from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-    XNNPACKQuantizer as _StockXNNPACKQuantizer,
-)
 from executorch.backends.xnnpack.quantizer.xnnpack_quantizer_utils import propagate_annotation
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.quantizer import QuantizationConfig
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
+from xnnguard.boundary.stock_quantizer import ConfigFilteringQuantizer, NodeFilter
 from xnnguard.quantizer.batch_norm_patterns import only_patterns_that_can_match
 from xnnguard.quantizer.dynamic_conv_input import give_convs_cat_inputs
 from xnnguard.quantizer.rewritten_ops import (
@@ -64,7 +61,7 @@ class QuantizedConv3dError(ValueError):
     """A 3-D convolution carries a quantization annotation although XNNPACK cannot run it quantized."""
 
 
-class XNNPACKQuantizer(_StockXNNPACKQuantizer):
+class XNNPACKQuantizer(ConfigFilteringQuantizer):
     """ExecuTorch's ``XNNPACKQuantizer`` that quantizes everything it would, except 3-D convolutions.
 
     After ``annotate`` (called for you by ``prepare_pt2e``), ``report`` lists the 3-D convolutions of
@@ -148,22 +145,16 @@ class XNNPACKQuantizer(_StockXNNPACKQuantizer):
             logger.warning("xnnguard: %s", note)
         return model
 
-    def _annotate_all_patterns(
-        self,
-        model: GraphModule,
-        quantization_config: QuantizationConfig | None,
-        filter_fn: Callable[[Node], bool] | None = None,
-        operator_target: torch._ops.OpOverloadPacket | None = None,
-    ) -> GraphModule:
-        """The stock hook every ``set_*`` config goes through, with 3-D convolutions filtered out."""
+    def config_filter(
+        self, filter_fn: NodeFilter | None, operator_target: torch._ops.OpOverloadPacket | None
+    ) -> NodeFilter | None:
+        """Every config (``set_global``, ``set_operator_type``, ...) with 3-D convolutions filtered out."""
         if operator_target is not None and is_3d_convolution_operator(operator_target):
-            # The config is meant for 3-D convolutions, which stay float: it must reach no other node.
-            return model
-        return super()._annotate_all_patterns(model, quantization_config, _refusing_3d_convolutions(filter_fn),
-                                              operator_target)
+            return None  # the config is meant for 3-D convolutions, which stay float: it must reach no other node
+        return _refusing_3d_convolutions(filter_fn)
 
 
-def _refusing_3d_convolutions(filter_fn: Callable[[Node], bool] | None) -> Callable[[Node], bool]:
+def _refusing_3d_convolutions(filter_fn: NodeFilter | None) -> NodeFilter:
     """``filter_fn``, except that it refuses every 3-D convolution.
 
     The stock annotators ask the filter about the nodes of a pattern, its convolution among them, before

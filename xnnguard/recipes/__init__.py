@@ -9,17 +9,17 @@
 
 Importing this package registers ``XnnguardRecipeProvider`` with ExecuTorch's recipe registry under the
 backend name ``"xnnguard"``; the stock ``"xnnpack"`` provider stays registered as it was. A release
-without the recipe API (``xnnguard.compat.has_recipe_api``) makes the import fail with that said.
+without the recipe API (``xnnguard.boundary.releases.has_recipe_api``) makes the import fail with that said.
 """
 
 from __future__ import annotations
 
-from xnnguard import compat
+from xnnguard.boundary import releases
 
-if not compat.has_recipe_api():
+if not releases.has_recipe_api():
     raise ImportError(
         f"xnnguard.recipes needs executorch.export's recipe API (ExportRecipe, BackendRecipeProvider, "
-        f"recipe_registry), which ExecuTorch {compat.executorch_version()} does not have: lower with "
+        f"recipe_registry), which ExecuTorch {releases.executorch_version()} does not have: lower with "
         "xnnguard.rewrite_for_xnnpack, xnnguard.XNNPACKQuantizer and xnnguard.XnnpackPartitioner directly"
     )
 

@@ -9,12 +9,13 @@ numbers. Only the subset those schemas use is understood: ``namespace``, ``inclu
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
 from pathlib import Path
+
+from xnnguard.boundary.package_files import PackageFileError, package_file
 
 __all__ = ["SCALAR_FORMATS", "FieldDef", "FieldKind", "Schema", "SchemaError", "executorch_schema", "load_schema"]
 
@@ -234,7 +235,7 @@ def executorch_schema(relative_path: str) -> Schema:
     Found through the package's location rather than by importing the subpackage: importing
     ``executorch.backends.xnnpack`` pulls in the whole export stack, which a file check does not need.
     """
-    spec = importlib.util.find_spec("executorch")
-    if spec is None or not spec.submodule_search_locations:
-        raise SchemaError("the executorch package is not installed")
-    return load_schema(Path(next(iter(spec.submodule_search_locations))) / relative_path)
+    try:
+        return load_schema(package_file(relative_path))
+    except PackageFileError as error:
+        raise SchemaError(str(error)) from error

@@ -15,7 +15,6 @@ has imported the runtime already (``--load``, tests) asks it directly.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -26,6 +25,8 @@ from contextlib import suppress
 from functools import cache
 from pathlib import Path
 
+from xnnguard.boundary.package_files import executorch_dir
+from xnnguard.boundary.runtime import RUNTIME_LIBRARY_DIRS, operator_names, runtime_imported
 from xnnguard.runtime_check.pte_reader import Method
 from xnnguard.runtime_check.report import Problem
 
@@ -33,8 +34,6 @@ __all__ = ["missing_kernel_problems", "registered_operators", "runtime_fingerpri
 
 logger = logging.getLogger("xnnguard.runtime_check")
 
-_RUNTIME_MODULE = "executorch.extension.pybindings._C"
-_LIBRARY_DIRECTORIES = ("extension/pybindings", "kernels/quantized", "lib")
 _PRINT_REGISTRY = (
     "import json, sys, warnings\n"
     "warnings.simplefilter('ignore')\n"
@@ -47,17 +46,17 @@ def _live_registry() -> frozenset[str]:
     """The registry of the runtime imported into this process (imports it if needed)."""
     from xnnguard.runtime_check.runtime_load import import_runtime
 
-    return frozenset(import_runtime()._get_operator_names())
+    import_runtime()  # with its quantized kernels registered
+    return operator_names()
 
 
 def runtime_fingerprint() -> str | None:
     """A digest of the installed runtime's shared libraries (path, size, mtime); None without ExecuTorch."""
-    spec = importlib.util.find_spec("executorch")
-    if spec is None or not spec.submodule_search_locations:
+    root = executorch_dir()
+    if root is None:
         return None
-    root = Path(next(iter(spec.submodule_search_locations)))
     entries = []
-    for directory in _LIBRARY_DIRECTORIES:
+    for directory in RUNTIME_LIBRARY_DIRS:
         for library in sorted((root / directory).glob("*.so*")):
             status = library.stat()
             entries.append(f"{library}:{status.st_size}:{status.st_mtime_ns}")
@@ -104,7 +103,7 @@ def _store(path: Path, names: frozenset[str]) -> None:
 @cache
 def registered_operators() -> frozenset[str] | None:
     """Names (``"aten::add.out"``) of every operator the installed runtime has a kernel for; None without a runtime."""
-    if _RUNTIME_MODULE in sys.modules:
+    if runtime_imported():
         return _live_registry()
     fingerprint = runtime_fingerprint()
     if fingerprint is None:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from xnnguard.boundary.package_files import PROGRAM_SCHEMA
 from xnnguard.runtime_check.fbs_schema import Schema, executorch_schema
 from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView, root_table
 
@@ -134,7 +135,7 @@ class Program:
 
 
 def _program_schema() -> Schema:
-    return executorch_schema("exir/_serialize/program.fbs")
+    return executorch_schema(PROGRAM_SCHEMA)
 
 
 def source_name(source: PteSource) -> str:

@@ -20,6 +20,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
+from xnnguard.boundary.releases import load_quantized_kernels
+from xnnguard.boundary.runtime import load_program, pybindings
 from xnnguard.runtime_check.report import Problem
 
 __all__ = ["RuntimeOutcome", "StderrCapture", "captured_stderr", "import_runtime", "load_and_run"]
@@ -131,9 +133,7 @@ def import_runtime() -> Any:
     """
     with captured_stderr(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from executorch.extension.pybindings import portable_lib
-
-        from xnnguard.compat import load_quantized_kernels
+        portable_lib = pybindings()
 
         # q/dq left outside XNNPACK need these kernels (a shipped runtime links them); on 1.4.0 they
         # register only once the runtime is loaded, whatever was imported first
@@ -142,11 +142,9 @@ def import_runtime() -> Any:
     return portable_lib
 
 
-def _load_program(source: Any) -> Any:
-    portable_lib = import_runtime()
-    if isinstance(source, (str, os.PathLike)):
-        return portable_lib._load_program(os.fspath(source))
-    return portable_lib._load_program_from_buffer(bytes(source))
+def _loaded_program(source: Any) -> Any:
+    import_runtime()  # with its quantized kernels registered, and its import noise captured
+    return load_program(source)
 
 
 def _failure(kind: str, what: str, error: BaseException, log: str, method: str | None = None) -> Problem:
@@ -160,7 +158,7 @@ def load_and_run(source: Any, method_names: list[str], *, run: bool) -> RuntimeO
     with captured_stderr() as capture:
         mark = capture.mark()
         try:
-            program = _load_program(source)
+            program = _loaded_program(source)
         except Exception as error:  # the runtime reports each failure as an exception with its message
             outcome.problems.append(_failure("load", "the runtime cannot load the program", error, capture.text(mark)))
             outcome.log = capture.text()

@@ -227,10 +227,12 @@ def _pool_context() -> multiprocessing.context.ForkContext | multiprocessing.con
 def _share_the_cores(jobs: int) -> None:
     """A worker's runtime threadpool gets its share of the cores: ``jobs`` workers each running XNNPACK on
     every core would only take turns (the pool is created on first use, so the fork inherits none)."""
+    from xnnguard.boundary.runtime import reset_threadpool
     from xnnguard.runtime_check.runtime_load import captured_stderr, import_runtime
 
     with captured_stderr():  # the runtime logs the reset
-        import_runtime()._unsafe_reset_threadpool(max(1, (os.cpu_count() or 1) // jobs))
+        import_runtime()
+        reset_threadpool(max(1, (os.cpu_count() or 1) // jobs))
 
 
 def _check_batch(paths: list[str], options: tuple[bool, bool, bool]) -> list[Report]:

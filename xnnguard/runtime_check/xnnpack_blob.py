@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from xnnguard.runtime_check.fbs_schema import FieldKind, Schema, executorch_schema
-from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView, root_table
-from xnnguard.xnnpack_constants import (
+from xnnguard.boundary.package_files import XNNPACK_SCHEMA
+from xnnguard.boundary.xnnpack_constants import (
     XNN_INVALID_VALUE_ID,  # "no value" in an id field: a missing bias, an unused concatenation input
     XNN_VALUE_FLAG_EXTERNAL_INPUT,
     XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
 )
+from xnnguard.runtime_check.fbs_schema import FieldKind, Schema, executorch_schema
+from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView, root_table
 
 __all__ = [
     "XNNPACK_BACKEND_ID",
@@ -162,7 +163,7 @@ class XnnGraph:
 
 
 def _schema() -> Schema:
-    return executorch_schema("backends/xnnpack/serialization/runtime_schema.fbs")
+    return executorch_schema(XNNPACK_SCHEMA)
 
 
 @cache

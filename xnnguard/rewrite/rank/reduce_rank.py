@@ -17,9 +17,9 @@ import logging
 from collections.abc import Sequence
 
 import torch
-from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from torch.fx.passes.infra.pass_base import PassBase
 
+from xnnguard.boundary.edge_ops import is_edge_op
 from xnnguard.pass_result import PostconditionError, ReportedPassResult
 from xnnguard.rewrite.rank.base import LEFT_ABOVE_LIMIT, VIEW_OPS, high_rank, left_high_rank, user_kept_out
 from xnnguard.rewrite.rank.cat import ReduceRankCatPass
@@ -103,7 +103,7 @@ def _why_left(node: torch.fx.Node) -> str:
         return f"{violation}: the graph's own input has that rank"
     if _high_rank_output(node) and any(user.op == "output" for user in node.users):
         return f"{violation}: the tensor is a graph output"
-    if isinstance(node.target, EdgeOpOverload):
+    if is_edge_op(node.target):
         return f"{violation}: an edge-dialect op; run ReduceRankPass on the ATen program (rewrite_for_xnnpack)"
     if node.target not in VIEW_OPS:
         return f"{violation}: no rank-reduction rewrite for this op (or its dims do not merge far enough)"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from xnnguard.boundary.xnnpack_constants import XNN_INVALID_VALUE_ID, XNN_MAX_TENSOR_DIMS
 from xnnguard.runtime_check.define_checks import data_movement, elementwise, gemm, pooling
 from xnnguard.runtime_check.define_checks.base import AT_LOAD, AT_RUN, Finding, NodeCheck, NodeView
 from xnnguard.runtime_check.define_checks.quant_params import (
@@ -30,7 +31,6 @@ from xnnguard.runtime_check.define_checks.values import value_findings
 from xnnguard.runtime_check.pte_reader import DelegateCall
 from xnnguard.runtime_check.report import Problem
 from xnnguard.runtime_check.xnnpack_blob import XnnGraph, XnnNode, XnnValue
-from xnnguard.xnnpack_constants import XNN_INVALID_VALUE_ID, XNN_MAX_TENSOR_DIMS
 
 __all__ = ["DEFINE_CHECKS", "RESHAPES", "define_problems"]
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from xnnguard.boundary.xnnpack_constants import XNN_INVALID_VALUE_ID
 from xnnguard.runtime_check.xnnpack_blob import XnnNode, XnnValue
-from xnnguard.xnnpack_constants import XNN_INVALID_VALUE_ID
 
 __all__ = [
     "AT_LOAD",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from xnnguard.boundary.xnnpack_constants import XNN_MAX_TENSOR_DIMS
 from xnnguard.runtime_check.define_checks.base import (
     AT_LOAD,
     BYTE_ADDRESSABLE,
@@ -33,7 +34,6 @@ from xnnguard.runtime_check.define_checks.base import (
 )
 from xnnguard.runtime_check.define_checks.quant_params import compared_inputs
 from xnnguard.runtime_check.define_checks.shapes import Reshape, Shape, ShapeOf, require
-from xnnguard.xnnpack_constants import XNN_MAX_TENSOR_DIMS
 
 __all__ = ["DEFINE_CHECKS", "RESHAPES"]
 

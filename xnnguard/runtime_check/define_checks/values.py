@@ -10,6 +10,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 
+from xnnguard.boundary.xnnpack_constants import (
+    XNN_INVALID_VALUE_ID,
+    XNN_VALUE_FLAG_EXTERNAL_INPUT,
+    XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
+)
 from xnnguard.runtime_check.define_checks.base import AT_LOAD, AT_RUN, Finding, byte_size, is_normal_positive
 from xnnguard.runtime_check.xnnpack_blob import (
     PerChannelGroupQuant,
@@ -18,11 +23,6 @@ from xnnguard.runtime_check.xnnpack_blob import (
     PerTokenDynamicQuant,
     XnnGraph,
     XnnValue,
-)
-from xnnguard.xnnpack_constants import (
-    XNN_INVALID_VALUE_ID,
-    XNN_VALUE_FLAG_EXTERNAL_INPUT,
-    XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
 )
 
 __all__ = ["VALUE_CHECKS", "check_unique_value_ids", "value_findings"]

@@ -8,10 +8,9 @@ Python with no imports, so it is executed on its own; the values stay ExecuTorch
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from types import ModuleType
 
-from xnnguard.compat import SUPPORTED_EXECUTORCH
+from xnnguard.boundary.package_files import XNNPACK_CONSTANTS, package_file
 
 __all__ = [
     "XNN_INVALID_VALUE_ID",
@@ -22,10 +21,7 @@ __all__ = [
 
 
 def _load() -> ModuleType:
-    package = importlib.util.find_spec("executorch")
-    if package is None or not package.submodule_search_locations:
-        raise ImportError(f"xnnguard needs ExecuTorch (executorch{SUPPORTED_EXECUTORCH}) installed")
-    path = Path(package.submodule_search_locations[0], "backends", "xnnpack", "utils", "xnnpack_constants.py")
+    path = package_file(XNNPACK_CONSTANTS)
     spec = importlib.util.spec_from_file_location("xnnguard._executorch_xnnpack_constants", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"ExecuTorch's XNNPACK constants are missing: {path}")
