@@ -1,6 +1,6 @@
 """Whole networks on XNNPACK: delegates, ops left outside, eager vs ExecuTorch, against the issue-12 targets.
 
-Every network of ``benchmarks.networks`` at its bench size goes through xnnguard's flow
+Every network of ``testbed.networks`` at its bench size goes through xnnguard's flow
 (``rewrite_for_xnnpack``, for int8 ``xnnguard.XNNPACKQuantizer``, ``xnnguard.XnnpackPartitioner``), each
 lowering in a fresh process of its own (``benchmarks.network_report``), in six variants: float, static and
 dynamic int8, each at a static batch and exported with a dynamic batch. Float is timed against eager
@@ -164,7 +164,7 @@ def table(rows: list[Row], variants: list[str]) -> str:
 
 def main(names: list[str] | None = None, variants: list[str] | None = None, threads: int | None = None) -> bool:
     """Lower, run and time the networks; print the table, the details and the misses. True: every target met."""
-    from benchmarks.networks import NETWORKS
+    from testbed.networks import NETWORKS
 
     threads = threads or int(os.environ.get("XNNGUARD_BENCH_THREADS", min(2, os.cpu_count() or 1)))
     variants = variants or list(VARIANTS)
@@ -196,7 +196,7 @@ def main(names: list[str] | None = None, variants: list[str] | None = None, thre
 
 
 if __name__ == "__main__":
-    from benchmarks.networks import NETWORKS
+    from testbed.networks import NETWORKS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"networks (default: all): {', '.join(NETWORKS)}")

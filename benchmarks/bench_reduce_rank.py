@@ -33,13 +33,13 @@ class LargePatchify(torch.nn.Module):
 def _load(ep: torch.export.ExportedProgram) -> Callable[[tuple[torch.Tensor, ...]], object]:
     """Lower with xnnguard's partitioner, load with the runtime; return its forward."""
     from executorch.exir import to_edge_transform_and_lower
-    from executorch.extension.pybindings import portable_lib
 
     import xnnguard
+    from xnnguard.boundary.runtime import load_module
 
     program = to_edge_transform_and_lower(ep, partitioner=[xnnguard.XnnpackPartitioner()]).to_executorch()
     buffer = program.buffer  # the loaded program reads this memory: the closure below keeps it alive
-    module = portable_lib._load_for_executorch_from_buffer(buffer)
+    module = load_module(buffer)
 
     def forward(inputs: tuple[torch.Tensor, ...]) -> object:
         assert buffer is not None
@@ -56,14 +56,13 @@ def _seconds(run: Callable[[], object]) -> float:
 
 def main(threads: int | None = None) -> dict[str, float] | bool:
     """Print the timings and the speed-up; return them, or False when the target is missed."""
-    from executorch.extension.pybindings import portable_lib
-
+    from xnnguard.boundary.runtime import reset_threadpool
     from xnnguard.rewrite.rank.reduce_rank import ReduceRankPass
     from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter
 
     threads = threads or int(os.environ.get("XNNGUARD_BENCH_THREADS", min(2, os.cpu_count() or 1)))
     torch.set_num_threads(threads)
-    portable_lib._unsafe_reset_threadpool(threads)
+    reset_threadpool(threads)
     torch.manual_seed(0)
     model, x = LargePatchify().eval(), torch.randn(8, 6, 64, 64, 128)
     ep = torch.export.export(model, (x,))

@@ -72,9 +72,9 @@ def _floor_layer(index: int) -> tuple[torch.nn.Conv2d, torch.Tensor]:
 def _write_program(index: int, form: str, path: Path) -> None:
     """Rewrite (``form``: a depth-taps form, or ``floor``), lower, check against eager and save the .pte."""
     from executorch.exir import to_edge_transform_and_lower
-    from executorch.extension.pybindings import portable_lib
 
     import xnnguard
+    from xnnguard.boundary.runtime import load_module
     from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
     from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter
 
@@ -83,7 +83,7 @@ def _write_program(index: int, form: str, path: Path) -> None:
     if form != "floor":
         ep = XnnpackRewriter([RewriteConv3dPass(form)])(ep)  # type: ignore[arg-type]
     program = to_edge_transform_and_lower(ep, partitioner=[xnnguard.XnnpackPartitioner()]).to_executorch()
-    (got,) = portable_lib._load_for_executorch_from_buffer(program.buffer).forward((x,))
+    (got,) = load_module(program.buffer).forward((x,))
     torch.testing.assert_close(got, conv(x), atol=1e-3, rtol=1e-3)
     path.write_bytes(program.buffer)
 
@@ -95,11 +95,11 @@ def _worker(side: str, index: int, threads: int, pte: str | None, floor: bool) -
     if side == "eager":
         with torch.no_grad():
             return median_ms(lambda: conv(x))
-    from executorch.extension.pybindings import portable_lib
+    from xnnguard.boundary.runtime import load_module, reset_threadpool
 
-    portable_lib._unsafe_reset_threadpool(threads)  # before loading: delegates keep the pool they saw
+    reset_threadpool(threads)  # before loading: delegates keep the pool they saw
     assert pte is not None
-    module = portable_lib._load_for_executorch(pte)
+    module = load_module(pte)
     return median_ms(lambda: module.forward((x,)))
 
 

@@ -90,7 +90,7 @@ class HeavyOps(torch.nn.Module):
 def heavy_calls(name: str, size: str = "bench") -> list[tuple[Any, tuple[Any, ...]]]:
     """The conv / matmul calls of network ``name`` after ``rewrite_for_xnnpack``, tensors as their shapes."""
     import xnnguard
-    from benchmarks.networks import NETWORKS
+    from testbed.networks import NETWORKS
     from xnnguard.graph.ops import is_op
 
     model, inputs = NETWORKS[name](size)
@@ -112,11 +112,11 @@ def _lower(name: str, pte: Path) -> None:
 
 
 def _time_worker(pte: str, threads: int) -> float:
-    from executorch.extension.pybindings import portable_lib
+    from xnnguard.boundary.runtime import load_module, reset_threadpool
 
     torch.set_num_threads(threads)
-    portable_lib._unsafe_reset_threadpool(threads)
-    module = portable_lib._load_for_executorch(pte)
+    reset_threadpool(threads)
+    module = load_module(pte)
     example = (torch.randn(1, 1, 1, 1),)
     return median_ms(lambda: module.forward(example))
 
@@ -153,6 +153,6 @@ if __name__ == "__main__":
     if args.time_worker:
         print_ms(_time_worker(args.time_worker, args.threads))
         sys.exit(0)
-    from benchmarks.networks import NETWORKS
+    from testbed.networks import NETWORKS
 
     main(args.names or list(NETWORKS), args.threads)

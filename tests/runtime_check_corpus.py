@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tests.support import lower, quantize_pt2e, xnnpack_quantizer
+from testbed.lowered import lower
+from testbed.quantize import quantize_pt2e, xnnpack_quantizer
 from xnnguard.example_models import Conv2dReLU, Conv3dReLU, PermuteAdd
 
 __all__ = ["CORPUS", "Entry", "inputs_of", "program", "write_program"]

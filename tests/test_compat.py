@@ -12,6 +12,8 @@ import pytest
 
 from xnnguard import compat
 
+pytestmark = pytest.mark.release_sensitive
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

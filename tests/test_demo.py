@@ -10,6 +10,8 @@ import pytest
 
 from xnnguard import demo
 
+pytestmark = pytest.mark.release_sensitive
+
 
 @pytest.fixture(scope="module")
 def patchify_row(tmp_path_factory: pytest.TempPathFactory) -> tuple:

@@ -1,7 +1,7 @@
-"""The network zoo (``benchmarks.networks``) builds, runs and exports at its "test" size.
+"""The network zoo (``testbed.networks``) builds, runs and exports at its "test" size.
 
-Lowering every network takes tens of seconds each, so it is left to ``python -m
-benchmarks.network_report --size test``; here only what the report relies on: a builder gives an eval
+Lowering each network takes tens of seconds (``test_networks_lowered.py``; ``python -m
+benchmarks.network_report --size test``); here only what the flow relies on: a builder gives an eval
 model and its inputs, the same ones in every process (the timing protocol rebuilds the network in
 fresh processes), and ``torch.export`` takes it (with its dynamic dims, where it declares some).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.networks import NETWORKS
+from testbed.networks import NETWORKS
 
 
 @pytest.mark.parametrize("name", sorted(NETWORKS))
@@ -35,7 +35,7 @@ def _converted_conv_relu_conv() -> tuple[torch.fx.GraphModule, tuple[torch.Tenso
     """A small static int8 converted pt2e model (seeded) and its calibration input."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from tests.support import xnnpack_quantizer
+    from testbed.quantize import xnnpack_quantizer
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).eval()
@@ -46,7 +46,7 @@ def _converted_conv_relu_conv() -> tuple[torch.fx.GraphModule, tuple[torch.Tenso
 
 
 def test_the_rounding_floor_is_zero_when_no_activation_moves_and_grows_as_more_do() -> None:
-    from benchmarks.rounding_floor import rounding_floor
+    from testbed.rounding_floor import rounding_floor
 
     converted, inputs = _converted_conv_relu_conv()
     before = converted(*inputs)
@@ -57,7 +57,7 @@ def test_the_rounding_floor_is_zero_when_no_activation_moves_and_grows_as_more_d
 
 def test_the_rounding_floor_is_the_largest_of_its_draws() -> None:
     """A program's rounding error is one draw of the floor's kind: a median would call half of them a mismatch."""
-    from benchmarks.rounding_floor import rounding_draws, rounding_floor
+    from testbed.rounding_floor import rounding_draws, rounding_floor
 
     converted, inputs = _converted_conv_relu_conv()
     draws = sorted(rounding_draws(converted, inputs, 0.01, seeds=3))
@@ -74,7 +74,8 @@ def test_xnnpacks_dynamically_quantized_conv_quantizes_each_image_of_the_batch_o
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
 
     import xnnguard
-    from tests.support import lower, quantize_pt2e, run_pte
+    from testbed.lowered import lower, run_pte
+    from testbed.quantize import quantize_pt2e
 
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(8, 8, 3).eval()
@@ -89,76 +90,15 @@ def test_xnnpacks_dynamically_quantized_conv_quantizes_each_image_of_the_batch_o
 
 
 def test_a_dynamic_int8_result_as_close_to_float_as_its_reference_matches_and_a_farther_one_does_not() -> None:
-    from benchmarks.network_report import Result, _matches
+    from testbed.network_flow import Result, matches
 
     def result(precision: str, max_err: float, float_err: float, mean_err: float = 0.005) -> Result:
         return Result("n", "test", precision, "xnnguard", max_err=max_err, float_err=float_err,
                       reference_float_err=0.1, float_mean_err=mean_err, reference_float_mean_err=0.006)
 
-    assert _matches(result("dynamic", 0.2, 0.09), tolerance=0.05)
-    assert _matches(result("dynamic", 0.2, 0.15), tolerance=0.05)  # one element further off, the whole closer
-    assert not _matches(result("dynamic", 0.2, 0.09, mean_err=0.007), tolerance=0.05)  # the whole further off
-    assert not _matches(result("dynamic", 0.4, 0.25), tolerance=0.05)  # an element far off: a wrong channel
-    assert not _matches(result("static", 0.2, 0.09), tolerance=0.05)  # static int8 has one scale per tensor too
-    assert _matches(result("static", 0.04, 0.5), tolerance=0.05)
-
-
-def test_the_heavy_ops_module_feeds_each_conv_in_xnnpacks_layout_without_a_transpose() -> None:
-    """A ceiling counts the convs' time, not layout copies no network pays between two convs.
-
-    Each activation is a stored constant plus the input: stored NCHW, ExecuTorch transposed every conv
-    input into NHWC and every output back, and those copies made some ceilings lower than the ratio the
-    whole network reached.
-    """
-    import math
-
-    from executorch.exir import to_edge_transform_and_lower
-
-    import xnnguard
-    from benchmarks.gemm_floor import HeavyOps
-    from xnnguard.runtime_check.pte_reader import read_methods
-    from xnnguard.runtime_check.xnnpack_blob import read_xnnpack_blob
-
-    conv = (torch.ops.aten.conv2d.default, (torch.Size([1, 8, 16, 16]), torch.Size([16, 8, 3, 3]), torch.Size([16]),
-                                            [1, 1], [1, 1], [1, 1], 1))
-    linear = (torch.ops.aten.linear.default, (torch.Size([4, 32]), torch.Size([8, 32]), torch.Size([8])))
-    example = (torch.randn(1, 1, 1, 1),)
-    program = torch.export.export(HeavyOps([conv, linear]).eval(), example)
-    buffer = to_edge_transform_and_lower(program, partitioner=[xnnguard.XnnpackPartitioner()]).to_executorch().buffer
-    (method,) = read_methods(buffer, "heavy")
-    (delegate,) = method.delegates
-    graph = read_xnnpack_blob(delegate.blob)
-    values = graph.value_map()
-    ops = [node.op for node in graph.nodes]
-    assert ops.count("XNNConv2d") == 1 and ops.count("XNNFullyConnected") == 1
-    moved = [math.prod(values[node.outputs[0]].dims) for node in graph.nodes if node.op == "XNNStaticTranspose"]
-    assert all(elements <= 1 for elements in moved), moved  # at most the one element each output keeps
-
-
-def test_a_missed_median_is_out_of_reach_only_when_every_ceiling_bounds_its_network() -> None:
-    from benchmarks.bench_networks import COUNTED, Row, misses
-    from benchmarks.network_report import Result
-
-    def row(name: str, eager_ms: float, et_ms: float, heavy_ms: float) -> Row:
-        float_result = Result(name, "bench", "float", "xnnguard", delegates=1, eager_ms=eager_ms, et_ms=et_ms)
-        return Row(name, {"float": float_result}, heavy_ms=heavy_ms)
-
-    bounded = [row(name, 30.0, 10.0, 9.0) for name in COUNTED]  # ratio 3.0, ceiling 3.33 each
-    (missed,) = misses(bounded)
-    assert missed.startswith("median eager/ET 3.00 < 4.0") and "ceiling 3.33" in missed and "out of reach" in missed
-    room = [row(name, 30.0, 10.0, 5.0) for name in COUNTED]  # ceiling 6.0: the kernels leave room
-    assert "room is left" in misses(room)[0]
-    at_floor = [*bounded[:-1], row(COUNTED[-1], 30.0, 10.0, 10.5)]  # ceiling 2.86, 5 % below its ratio
-    (missed,) = misses(at_floor)
-    assert "out of reach" in missed and f"at their floor: {COUNTED[-1]}" in missed
-    not_a_bound = [*bounded[:-1], row(COUNTED[-1], 30.0, 10.0, 12.0)]  # ceiling 2.5, 17 % below its ratio
-    (missed,) = misses(not_a_bound)
-    assert "no bound" in missed and COUNTED[-1] in missed and "out of reach" not in missed
-
-
-def test_the_details_of_a_lowering_name_its_dynamic_batch() -> None:
-    from benchmarks.network_report import Result, details
-
-    static, dynamic = (Result("s3d", "bench", "static", "xnnguard", batch=batch) for batch in ("static", "dynamic"))
-    assert details([static, dynamic]).splitlines() == [
-        "s3d [static, xnnguard]: ok", "s3d [static, dynamic batch, xnnguard]: ok"]
+    assert matches(result("dynamic", 0.2, 0.09), tolerance=0.05)
+    assert matches(result("dynamic", 0.2, 0.15), tolerance=0.05)  # one element further off, the whole closer
+    assert not matches(result("dynamic", 0.2, 0.09, mean_err=0.007), tolerance=0.05)  # the whole further off
+    assert not matches(result("dynamic", 0.4, 0.25), tolerance=0.05)  # an element far off: a wrong channel
+    assert not matches(result("static", 0.2, 0.09), tolerance=0.05)  # static int8 has one scale per tensor too
+    assert matches(result("static", 0.04, 0.5), tolerance=0.05)

@@ -1,10 +1,10 @@
 """Each network kind of the zoo, at its test size, goes onto XNNPACK whole through xnnguard's flow.
 
-The flow is ``rewrite_for_xnnpack`` then ``xnnguard.XnnpackPartitioner`` (``benchmarks.network_report``,
+The flow is ``rewrite_for_xnnpack`` then ``xnnguard.XnnpackPartitioner`` (``testbed.network_flow``,
 the one the benchmark runs at bench size). Each network ends up on at most three XNNPACK delegates with
 no compute op left on portable kernels. It loads and runs with the real runtime, and matches eager.
 Quantized with ``xnnguard.XNNPACKQuantizer`` (static int8 calibrated on the example input, or dynamic) it keeps those
-targets and matches its converted pt2e model, as closely as rounding lets it (``benchmarks.rounding_floor``).
+targets and matches its converted pt2e model, as closely as rounding lets it (``testbed.rounding_floor``).
 """
 
 from __future__ import annotations
@@ -13,22 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.network_report import MAX_DELEGATES, compute_outside, lower_network
+from testbed.network_flow import MAX_DELEGATES, compute_outside, lower_network
+
+pytestmark = pytest.mark.network
 
 # One network per kind issue 12 names; the zoo's variants of a kind (SDPA, dynamic) are not repeated.
 KINDS = ("mvit", "s3d", "r2plus1d", "swin3d", "unet3d", "unet3d_gn", "video_vae", "videomae", "hiera", "qwen_vision")
-# Static int8 (1-2 minutes of ExecuTorch lowering each): the 3-D CNNs whose convs stay float between int8
-# ops, the video VAE (RMS norms, causal pads, upsampling) and two transformers. Left to `make bench`'s int8
-# rows, each with an int8 test of its own op: MViT's pooling attention (test_rewrite_attention), the 3-D
-# UNets' norms and upsampling (test_rewrite_norm, test_rewrite_upsample), Swin3D (test_partitioner_int8
-# lowers a small one with both quantizers), Hiera's 7-D mask units and stage change (test_reduce_rank's
-# int8 window block, test_partitioner_merge).
+# Static int8 (15-60 s of ExecuTorch lowering each, so in the slow tier, `make test-all`): the 3-D CNNs
+# whose convs stay float between int8 ops, the video VAE (RMS norms, causal pads, upsampling) and two
+# transformers. The other kinds' int8 rows are `make bench`'s, each with an int8 test of its own op: MViT's
+# pooling attention (test_rewrite_attention), the 3-D UNets' norms and upsampling (test_rewrite_norm,
+# test_rewrite_upsample), Swin3D (test_partitioner_int8 lowers a small one with both quantizers), Hiera's
+# 7-D mask units and stage change (test_reduce_rank's int8 window block, test_partitioner_merge).
 INT8_KINDS = ("s3d", "r2plus1d", "video_vae", "videomae", "qwen_vision")
 # Dynamic int8: the video VAE, whose convs read RMS norms (a gain of shape (C, 1, 1)) behind frame folds,
 # the inputs 1.5.1 lays out wrong for a dynamically quantized conv (xnnguard.rules.dynamic_conv_source).
 DYNAMIC_INT8_KINDS = ("video_vae",)
-PROGRAMS = ([(name, "float") for name in KINDS] + [(name, "static") for name in INT8_KINDS]
-            + [(name, "dynamic") for name in DYNAMIC_INT8_KINDS])
+PROGRAMS = ([pytest.param(name, "float", id=f"{name}-float") for name in KINDS]
+            + [pytest.param(name, "static", id=f"{name}-static", marks=pytest.mark.slow) for name in INT8_KINDS]
+            + [pytest.param(name, "dynamic", id=f"{name}-dynamic") for name in DYNAMIC_INT8_KINDS])
 
 
 @pytest.mark.parametrize("name, precision", PROGRAMS)

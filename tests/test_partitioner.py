@@ -7,13 +7,16 @@ with eager PyTorch (quantized: with the converted pt2e model, within two quantiz
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import torch
 from executorch.backends.xnnpack.utils.quant_utils import is_tagged_as_implicit_q_dq
 
 import xnnguard
-from tests.support import Lowered, lower, quant_step, quantize_pt2e, run_pte, xnnpack_quantizer
+from testbed.flow import lower_and_run
+from testbed.lowered import Lowered, lower
+from testbed.quantize import Precision, quantize_pt2e, xnnpack_quantizer
 from xnnguard.example_models import (
     Conv2dReLU,
     Conv3dReLU,
@@ -25,6 +28,8 @@ from xnnguard.example_models import (
 )
 from xnnguard.report import Rule
 
+pytestmark = pytest.mark.release_sensitive
+
 QDQ = {"quantize_per_tensor", "dequantize_per_tensor", "dequantize_per_channel"}
 
 
@@ -33,23 +38,19 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-def _lower_and_compare(model: torch.nn.Module, inputs: tuple, *, atol: float = 1e-5, **lower_args) -> Lowered:
-    lowered = lower(model, inputs, lower_args.pop("partitioner", None) or xnnguard.XnnpackPartitioner(), **lower_args)
-    out = run_pte(lowered.buffer, inputs)[0]
-    torch.testing.assert_close(out, model(*inputs), atol=atol, rtol=1e-5)
-    return lowered
+def _lower_and_compare(model: torch.nn.Module, inputs: tuple, **lower_args: Any) -> Lowered:
+    """No rewrite (the partitioner alone), xnnguard's partitioner unless given; the program matches eager."""
+    run = lower_and_run(model, inputs, rewrite=False, **lower_args)
+    run.assert_matches()
+    return run.lowered
 
 
-def _lower_quantized_and_compare(
-    converted: torch.fx.GraphModule, inputs: tuple, partitioner=None, **lower_args
-) -> Lowered:
-    ep = torch.export.export(converted, inputs)
-    lowered = lower(ep, inputs, partitioner or xnnguard.XnnpackPartitioner(), **lower_args)
-    out = run_pte(lowered.buffer, inputs)[0]
-    expected = converted(*inputs)
-    step = quant_step(converted, expected)
-    assert (out - expected).abs().max().item() <= 2 * step, "more than two quantization steps off"
-    return lowered
+def _lower_quantized_and_compare(model: torch.nn.Module, inputs: tuple, quantizer: Any, precision: Precision,
+                                 **lower_args: Any) -> Lowered:
+    """The same in int8 with ``quantizer``: the program matches the converted model."""
+    run = lower_and_run(model, inputs, precision, rewrite=False, quantizer=quantizer, **lower_args)
+    run.assert_matches()
+    return run.lowered
 
 
 def _implicit_qdq_without_their_op(lowered: Lowered) -> list[str]:
@@ -143,8 +144,9 @@ def test_a_relu_after_a_linear_is_fused_when_it_fits_in_6_dims() -> None:
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static_int8", "dynamic_int8"])
 def test_a_quantized_linear_on_an_8d_input_runs_outside_xnnpack_correctly(dynamic: bool, via_to_backend: bool) -> None:
     model, inputs = HighRankLinear(), HighRankLinear.example_inputs()
-    converted = quantize_pt2e(model, inputs, xnnpack_quantizer(per_channel=True, dynamic=dynamic))
-    lowered = _lower_quantized_and_compare(converted, inputs, via_to_backend=via_to_backend)
+    quantizer = xnnpack_quantizer(per_channel=True, dynamic=dynamic)
+    precision: Precision = "dynamic int8" if dynamic else "static int8"
+    lowered = _lower_quantized_and_compare(model, inputs, quantizer, precision, via_to_backend=via_to_backend)
     assert lowered.outside_ops()["addmm"] == 1
     assert "addmm" not in lowered.delegated_ops()
 
@@ -154,16 +156,16 @@ def test_a_quantized_linear_on_an_8d_input_runs_outside_xnnpack_correctly(dynami
 
 def test_a_quantized_conv2d_with_a_float_output_matches_the_converted_model() -> None:
     model, inputs = Conv2dReLU(relu=False), Conv2dReLU.example_inputs()
-    converted = quantize_pt2e(model, inputs, xnnpack_quantizer(per_channel=False, float_output=True))
-    lowered = _lower_quantized_and_compare(converted, inputs)
+    quantizer = xnnpack_quantizer(per_channel=False, float_output=True)
+    lowered = _lower_quantized_and_compare(model, inputs, quantizer, "static int8")
     assert lowered.outside_ops()["convolution"] == 1
     assert _implicit_qdq_without_their_op(lowered) == []
 
 
 def test_a_quantized_linear_with_a_float_output_loads_and_matches() -> None:
     model, inputs = LinearModel(), (torch.randn(4, 16),)
-    converted = quantize_pt2e(model, inputs, xnnpack_quantizer(per_channel=False, float_output=True))
-    lowered = _lower_quantized_and_compare(converted, inputs)
+    quantizer = xnnpack_quantizer(per_channel=False, float_output=True)
+    lowered = _lower_quantized_and_compare(model, inputs, quantizer, "static int8")
     assert _implicit_qdq_without_their_op(lowered) == []
 
 
@@ -183,8 +185,7 @@ def test_a_static_int8_3d_convolution_keeps_its_qdq_as_real_ops_and_the_conv_out
 
 def test_a_fully_quantized_conv2d_is_still_one_delegate_with_its_qdq_folded() -> None:
     model, inputs = Conv2dReLU(), Conv2dReLU.example_inputs()
-    converted = quantize_pt2e(model, inputs, xnnpack_quantizer(per_channel=True))
-    lowered = _lower_quantized_and_compare(converted, inputs)
+    lowered = _lower_quantized_and_compare(model, inputs, xnnpack_quantizer(per_channel=True), "static int8")
     assert lowered.num_delegates == 1
     assert lowered.delegated_ops()["convolution"] == 1
     assert set(lowered.outside_ops()) <= {"quantize_per_tensor", "dequantize_per_tensor"}
@@ -196,12 +197,16 @@ def test_a_fully_quantized_conv2d_is_still_one_delegate_with_its_qdq_folded() ->
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static_int8", "dynamic_int8"])
 def test_the_force_flag_does_not_change_how_a_quantized_linear_is_partitioned(dynamic: bool) -> None:
     model, inputs = LinearModel(), (torch.randn(4, 16),)
-    converted = quantize_pt2e(model, inputs, xnnpack_quantizer(per_channel=True, dynamic=dynamic))
-    plain = _lower_quantized_and_compare(converted, inputs, via_to_backend=True)
+    precision: Precision = "dynamic int8" if dynamic else "static int8"
+    plain = _lower_quantized_and_compare(
+        model, inputs, xnnpack_quantizer(per_channel=True, dynamic=dynamic), precision, via_to_backend=True
+    )
     forced = _lower_quantized_and_compare(
-        converted,
+        model,
         inputs,
-        xnnguard.XnnpackPartitioner(force_non_static_weights_for_f32_linear=True),
+        xnnpack_quantizer(per_channel=True, dynamic=dynamic),
+        precision,
+        partitioner=xnnguard.XnnpackPartitioner(force_non_static_weights_for_f32_linear=True),
         via_to_backend=True,
     )
     assert forced.delegated_ops() == plain.delegated_ops()

@@ -13,9 +13,12 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from torch.export import Dim
 
 import xnnguard
-from tests.rewrite_support import PRECISIONS, Precision
-from tests.support import lower, quant_step, run_pte, xnnpack_quantizer
+from testbed.lowered import lower, run_pte
+from testbed.quantize import PRECISIONS, Precision, xnnpack_quantizer
+from testbed.tolerance import float_tolerance, int8_tolerance
 from xnnguard.rewrite.forms.inferred_view import InferredViewPass
+
+pytestmark = pytest.mark.release_sensitive
 
 BATCH = ({0: Dim("batch", min=1, max=8)},)
 
@@ -55,7 +58,8 @@ def test_a_flatten_under_a_dynamic_batch_is_delegated_and_runs_at_every_batch(pr
     for batch in (1, 2, 5):
         other = torch.randn(batch, 3, 8, 8)
         expected = reference(other)
-        tolerance = 1e-5 if precision == "float" else 2 * quant_step(reference, expected)  # type: ignore[arg-type]
+        tolerance = (float_tolerance(expected) if precision == "float"
+                     else int8_tolerance(reference, expected, dynamic=False))  # type: ignore[arg-type]
         torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], expected, atol=tolerance, rtol=0)
 
 
@@ -132,7 +136,8 @@ def test_slices_along_static_dims_under_a_dynamic_batch_are_delegated_and_run_at
     for batch in (1, 2, 7):
         other = torch.randn(batch, *shape[1:])
         expected = reference(other)
-        tolerance = 1e-5 if precision == "float" else 2 * quant_step(reference, expected)  # type: ignore[arg-type]
+        tolerance = (float_tolerance(expected) if precision == "float"
+                     else int8_tolerance(reference, expected, dynamic=False))  # type: ignore[arg-type]
         torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], expected, atol=tolerance, rtol=0)
 
 

@@ -14,8 +14,12 @@ from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 
 import xnnguard
-from tests.support import own_records, quantize_pt2e, run_pte, xnnpack_quantizer
+from testbed.lowered import run_pte
+from testbed.quantize import quantize_pt2e, xnnpack_quantizer
+from tests.support import own_records
 from xnnguard.example_models import LinearModel
+
+pytestmark = pytest.mark.release_sensitive
 
 
 class SmallCNN(torch.nn.Module):

@@ -13,7 +13,9 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetri
 from torch import nn
 
 import xnnguard
-from tests.support import lower, run_pte
+from testbed.lowered import lower, run_pte
+
+pytestmark = pytest.mark.release_sensitive
 
 DYNAMIC = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)
 

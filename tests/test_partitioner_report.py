@@ -14,9 +14,13 @@ import torch
 from executorch.exir import to_edge_transform_and_lower
 
 import xnnguard
-from tests.support import ClassToken, lower, quantize_pt2e, run_pte, xnnpack_quantizer
+from testbed.lowered import lower, run_pte
+from testbed.quantize import quantize_pt2e, xnnpack_quantizer
+from tests.support import ClassToken
 from xnnguard.example_models import Conv3dReLU, Patchify
 from xnnguard.report import Rule
+
+pytestmark = pytest.mark.release_sensitive
 
 
 class NormThenMean(torch.nn.Module):

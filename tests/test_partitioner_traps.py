@@ -10,17 +10,23 @@ leaves those out, ``test_partitioner_report.py`` tests them.)
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner as StockXnnpackPartitioner
 from torch.export import Dim
 
 import xnnguard
+from testbed.flow import lower_and_run
+from testbed.lowered import Lowered, lower, run_pte
+from testbed.quantize import PRECISIONS, Precision
 from tests.compat_marks import needs_pre_decomposition_hook, without_pre_decomposition_hook
-from tests.rewrite_support import PRECISIONS, Precision, lower_and_run
-from tests.support import Lowered, lower, own_records, run_pte
+from tests.support import own_records
 from xnnguard.report import Rule
 from xnnguard.rules.keep_out import keep_out_reason
+
+pytestmark = pytest.mark.release_sensitive
 
 
 @pytest.fixture(autouse=True)
@@ -28,17 +34,12 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-def _lower_and_compare(model: torch.nn.Module | torch.export.ExportedProgram, inputs: tuple, partitioner,
-                       **lower_args) -> Lowered:
-    lowered = lower(model, inputs, partitioner, **lower_args)
-    eager = model.module() if isinstance(model, torch.export.ExportedProgram) else model
-    expected = eager(*inputs)
-    expected = expected if isinstance(expected, tuple) else (expected,)
-    outputs = run_pte(lowered.buffer, inputs)
-    assert len(outputs) == len(expected)
-    for out, want in zip(outputs, expected):
-        torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
-    return lowered
+def _lower_and_compare(model: torch.nn.Module | torch.export.ExportedProgram, inputs: tuple, partitioner: Any,
+                       **lower_args: Any) -> Lowered:
+    """No rewrite (the partitioner alone): every output of the program matches eager."""
+    run = lower_and_run(model, inputs, rewrite=False, partitioner=partitioner, **lower_args)
+    run.assert_matches()
+    return run.lowered
 
 
 def _stock_lowering_fails(model, inputs: tuple, message: str, **lower_args) -> None:

@@ -21,10 +21,13 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 from torchao.quantization.pt2e.quantizer import ComposableQuantizer
 
-from tests.support import lower, quantize_pt2e, run_pte
+from testbed.lowered import lower, run_pte
+from testbed.quantize import quantize_pt2e
 from xnnguard import XnnpackPartitioner
 from xnnguard.quantizer import QuantizedConv3dError, XNNPACKQuantizer
 from xnnguard.report import Rule
+
+pytestmark = pytest.mark.release_sensitive
 
 INPUT_3D = (1, 2, 5, 6, 6)
 INPUT_2D = (1, 2, 6, 6)

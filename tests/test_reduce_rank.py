@@ -9,7 +9,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import xnnguard
-from tests.support import lower, quant_step, run_pte, xnnpack_quantizer
+from testbed import flow
+from testbed.lowered import lower, run_pte
+from testbed.quantize import Precision, xnnpack_quantizer
+from testbed.tolerance import float_tolerance, int8_tolerance
 from xnnguard.example_models import HighRankLinear, Patchify
 from xnnguard.graph.ops import target_name
 from xnnguard.report import Rule
@@ -147,30 +150,12 @@ def outside_nodes_not_at_the_io(lowered) -> list[str]:  # type: ignore[no-untype
     ]
 
 
-def lower_and_run(  # type: ignore[no-untyped-def]
-    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], precision: str, *, rewrite: bool = True
-):
-    """Rank-reduce (or not), quantize with ExecuTorch's XNNPACKQuantizer after it, lower with xnnguard, run.
-
-    Returns (lowered, .pte output, reference, tolerance): eager float within fp32 rounding, or the
-    converted pt2e model within two quantization steps.
-    """
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    model = model.eval()
-    ep = reduce_rank(model, inputs) if rewrite else torch.export.export(model, inputs)
-    if precision == "float":
-        reference, program = model(*inputs), ep
-        tolerance = 1e-5 * max(1.0, float(reference.abs().max()))
-    else:
-        prepared = prepare_pt2e(ep.module(), xnnpack_quantizer(dynamic=precision == "dynamic int8"))
-        prepared(*inputs)
-        converted = convert_pt2e(prepared)
-        reference, program = converted(*inputs), torch.export.export(converted, inputs)
-        tolerance = 2 * quant_step(converted, reference) + 1e-6
-    lowered = lower(program, inputs, xnnguard.XnnpackPartitioner())
-    (out,) = run_pte(lowered.buffer, inputs)
-    return lowered, out, reference.detach(), tolerance
+def _rank_reduced_run(
+    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], precision: Precision, *, rewrite: bool = True
+) -> flow.Run:
+    """The flow with rank reduction alone (or no rewrite), ExecuTorch's own quantizer after it."""
+    passes = [ReduceRankPass(strict=True)] if rewrite else False
+    return flow.lower_and_run(model, inputs, precision, rewrite=passes, quantizer="stock")
 
 
 # ---------------------------------------------------------------- the dim arithmetic
@@ -312,7 +297,7 @@ def test_rewritten_one_dim_ops_equal_eager_with_no_tensor_above_the_limit(
 def test_softmax_mean_and_cat_in_xnnpack_form_lower_fully_and_run(op: str) -> None:
     """Rank is not all: XNNPACK takes softmax over the last dim and mean as 4-D pooling only."""
     model, inputs = HighRankReductions(op), HighRankReductions.example_inputs()
-    lowered, out, reference, tolerance = lower_and_run(model, inputs, "float")
+    lowered, out, reference, tolerance = _rank_reduced_run(model, inputs, "float")
     assert set(lowered.outside_ops()) <= {"_to_dim_order_copy"}  # cat's scalar 2, a lifted constant
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
@@ -337,7 +322,7 @@ def test_pass_works_in_place_on_the_lifted_graph_right_before_lowering() -> None
 def test_random_permutes_lower_fully_to_xnnpack_and_run_exactly(case: tuple[Shape, Shape]) -> None:
     shape, perm = case
     model, x = ReshapePermute(shape, perm), torch.randn(shape[0], math.prod(shape[1:]))
-    lowered, out, reference, _ = lower_and_run(model, (x,), "float")
+    lowered, out, reference, _ = _rank_reduced_run(model, (x,), "float")
     assert lowered.outside_ops() == {}
     assert torch.equal(out, reference)
 
@@ -355,7 +340,7 @@ def test_model_runs_fully_delegated_and_matches(name: str, precision: str) -> No
     torch.manual_seed(0)
     build, example_inputs = E2E_MODELS[name]
     model, inputs = build(), example_inputs()
-    lowered, out, reference, tolerance = lower_and_run(model, inputs, precision)
+    lowered, out, reference, tolerance = _rank_reduced_run(model, inputs, precision)
     assert outside_nodes_not_at_the_io(lowered) == []
     if name != "8-D-linear":  # its own input and output are 8-D: their views (and q/dq) may stay outside
         assert set(lowered.outside_ops()) <= {"_to_dim_order_copy"}  # patchify's scalar 2, a lifted constant
@@ -372,7 +357,7 @@ def test_without_the_rewrite_high_rank_ops_run_outside_xnnpack(name: str, precis
     """What the tests above catch: with tags only, the high-rank ops run on portable kernels."""
     torch.manual_seed(0)
     build, example_inputs = E2E_MODELS[name]
-    lowered, *_ = lower_and_run(build(), example_inputs(), precision, rewrite=False)
+    lowered, *_ = _rank_reduced_run(build(), example_inputs(), precision, rewrite=False)
     assert outside_nodes_not_at_the_io(lowered) != []
 
 
@@ -380,7 +365,7 @@ def test_broadcasting_add_lowers_fully_to_xnnpack() -> None:
     shape, broadcast = (2, 3, 2, 3, 2, 2, 3, 2), (3, 1, 1, 2, 2, 1, 1)
     model = BroadcastAdd(shape, broadcast)
     inputs = (torch.randn(2, math.prod(shape[1:])), torch.randn(math.prod(broadcast)))
-    lowered, out, reference, tolerance = lower_and_run(model, inputs, "float")
+    lowered, out, reference, tolerance = _rank_reduced_run(model, inputs, "float")
     assert lowered.outside_ops() == {}
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
@@ -403,7 +388,7 @@ def test_pt2e_flow_with_xnnguards_quantizer_after_rewrite_for_xnnpack_runs_fully
     assert lowered.outside_ops() == {}
     reference = converted(*inputs).detach()
     (out,) = run_pte(lowered.buffer, inputs)
-    torch.testing.assert_close(out, reference, atol=2 * quant_step(converted, reference) + 1e-6, rtol=0)
+    torch.testing.assert_close(out, reference, atol=int8_tolerance(converted, reference, dynamic=False), rtol=0)
 
 
 def torchao_quantized_high_rank_linear(weight: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -549,7 +534,8 @@ def test_a_swin_window_block_with_a_dynamic_batch_runs_fully_delegated_at_every_
             floats = model(other)
             assert (out - floats).abs().max() <= (expected - floats).abs().max()
             continue
-        tolerance = 1e-5 if precision == "float" else 2 * quant_step(reference, expected)  # type: ignore[arg-type]
+        tolerance = (float_tolerance(expected) if precision == "float"
+                     else int8_tolerance(reference, expected, dynamic=False))  # type: ignore[arg-type]
         torch.testing.assert_close(out, expected, atol=tolerance, rtol=0)
 
 

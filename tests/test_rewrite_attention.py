@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from tests.int8_reference import Int8, int8_against_the_original, no_new_scales
-from tests.rewrite_support import lower_and_run
+from testbed.flow import lower_and_run
+from testbed.int8_reference import Int8, int8_against_the_original, no_new_scales
 from xnnguard.graph.ops import target_name
 from xnnguard.report import Rule
 from xnnguard.rewrite.attention.sdpa import AttentionAsBmmPass, attention_as_bmm

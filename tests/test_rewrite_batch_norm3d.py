@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 import xnnguard
-from tests.rewrite_support import lower_and_run, ops, rewritten
-from tests.support import lower, run_pte
+from testbed.flow import lower_and_run, rewritten
+from testbed.lowered import lower, run_pte
+from tests.support import ops
 
 
 class PoolThenNorm(torch.nn.Module):

@@ -11,8 +11,11 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import xnnguard
-from tests.rewrite_support import PRECISIONS, assert_within_rank_limit, lower_and_run, ops, rewritten
-from tests.support import lower, quant_step, run_pte, xnnpack_quantizer
+from testbed.flow import lower_and_run, rewritten
+from testbed.lowered import lower, run_pte
+from testbed.quantize import PRECISIONS, xnnpack_quantizer
+from testbed.tolerance import int8_tolerance
+from tests.support import assert_within_rank_limit, ops
 from xnnguard.passes import DO_NOT_DELEGATE
 from xnnguard.report import Rule
 from xnnguard.rewrite.conv3d.conv3d import Conv3dGeometry, RewriteConv3dPass, conv2d_constants, conv3d_as_conv2d
@@ -456,4 +459,4 @@ def test_a_conv3d_with_a_dynamic_batch_stays_dynamically_quantized_in_dynamic_in
         other = torch.randn(size, 2, 4, 6, 6)
         expected = converted(other)
         torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], expected,
-                                   atol=2 * quant_step(converted, expected), rtol=0)
+                                   atol=int8_tolerance(converted, expected, dynamic=False), rtol=0)

@@ -8,8 +8,10 @@ from executorch.exir import to_edge_transform_and_lower
 from hypothesis import given, settings, strategies as st
 
 import xnnguard
-from tests.rewrite_support import PRECISIONS, assert_within_rank_limit, lower_and_run, ops, rewritten
-from tests.support import run_pte
+from testbed.flow import lower_and_run, rewritten
+from testbed.lowered import run_pte
+from testbed.quantize import PRECISIONS
+from tests.support import assert_within_rank_limit, ops
 from xnnguard.rewrite.conv3d.conv_transpose3d import (
     ConvTranspose3dGeometry,
     conv_transpose2d_constants,

@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.rewrite_support import PRECISIONS, lower_and_run
+from testbed.flow import lower_and_run
+from testbed.quantize import PRECISIONS
 from tests.support import SeparableBlock
 from xnnguard.rewrite.layout.cat_sinking import SinkCatThroughMovesPass
 from xnnguard.rewrite.layout.elementwise_sinking import SinkElementwiseThroughMovesPass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 
@@ -14,9 +15,10 @@ from torch.export import Dim
 from torch.fx.passes.infra.pass_base import PassBase
 
 import xnnguard
-from tests.int8_reference import Int8, int8_against_the_original, steps_allowed
-from tests.rewrite_support import assert_within_rank_limit, lower_and_run, ops, rewritten
-from tests.support import lower, run_pte
+from testbed.flow import lower_and_run, rewritten
+from testbed.int8_reference import Int8, int8_against_the_original, steps_allowed
+from testbed.lowered import lower, run_pte
+from tests.support import assert_within_rank_limit, ops
 from xnnguard.report import Rule
 from xnnguard.rewrite.norm import (
     RewriteGroupNormPass,
@@ -53,7 +55,12 @@ def _rewrites_to_the_same_numbers(rewrite: PassBase, model: nn.Module, x: torch.
     left = {str(n.target).split(".")[-2] for n in graph_module.graph.nodes if n.op == "call_function"}
     assert not left & NORM_OPS
     with torch.no_grad():
-        torch.testing.assert_close(graph_module(x), model(x), atol=2e-5, rtol=1e-5)
+        got, eager = graph_module(x), model(x)
+        exact = copy.deepcopy(model).double()(x.double())
+    # As close to the exact result as float32 allows: a few ulps, and where the statistics cancel (a group of
+    # nearly equal values) as far as PyTorch's own float32 kernel is off it, twice.
+    allowed = 2 * (eager.double() - exact).abs() + 2e-5 + 1e-5 * exact.abs()
+    assert ((got.double() - exact).abs() <= allowed).all(), (got, eager, exact)
 
 
 def _input(draw: st.DrawFn, shape: tuple[int, ...]) -> torch.Tensor:
@@ -200,7 +207,9 @@ def test_each_norm_lowers_fully_to_xnnpack_and_matches_eager(name: str) -> None:
 # A batch norm in the original graph makes torchao's convert trace its QAT conv-bn patterns (about a minute
 # a convert). The batch norm's pieces stay float in both modes (the stock quantizer annotates no batch norm
 # without a conv before it), so one mode is enough for it.
-INT8 = [(name, mode) for name in E2E for mode in ("static", "dynamic")
+INT8 = [pytest.param(name, mode, id=f"{name}-{mode}",
+                     marks=pytest.mark.slow if name == "batch norm with batch statistics" else ())
+        for name in E2E for mode in ("static", "dynamic")
         if not (name == "batch norm with batch statistics" and mode == "dynamic")]
 
 

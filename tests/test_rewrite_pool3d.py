@@ -9,8 +9,10 @@ from executorch.exir import to_edge_transform_and_lower
 from hypothesis import assume, given, settings, strategies as st
 
 import xnnguard
-from tests.rewrite_support import PRECISIONS, lower_and_run, ops, rewritten
-from tests.support import run_pte
+from testbed.flow import lower_and_run, rewritten
+from testbed.lowered import run_pte
+from testbed.quantize import PRECISIONS
+from tests.support import ops
 from xnnguard.passes import DO_NOT_DELEGATE
 from xnnguard.rewrite.conv3d.pool3d import Pool3d, pool3d_as_2d, pool3d_correction
 from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter

@@ -14,9 +14,10 @@ from torch import nn
 from torch.export import Dim
 
 import xnnguard
-from tests.int8_reference import Int8, int8_against_the_original, steps_allowed
-from tests.rewrite_support import lower_and_run, ops, rewritten
-from tests.support import lower, run_pte
+from testbed.flow import lower_and_run, rewritten
+from testbed.int8_reference import Int8, int8_against_the_original, steps_allowed
+from testbed.lowered import lower, run_pte
+from tests.support import ops
 from xnnguard.report import Rule
 from xnnguard.rewrite.reduce.extrema import RewriteExtremumPass
 from xnnguard.rewrite.reduce.forms import extremum, sum_weights, trailing_sum

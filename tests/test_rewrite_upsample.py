@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 from torch.export import Dim
 
 import xnnguard
-from tests.int8_reference import Int8, int8_against_the_original, no_new_scales
-from tests.rewrite_support import lower_and_run
-from tests.support import lower, run_pte
+from testbed.flow import lower_and_run
+from testbed.int8_reference import Int8, int8_against_the_original, no_new_scales
+from testbed.lowered import lower, run_pte
 from xnnguard.graph.ops import target_name
 from xnnguard.report import Rule
 from xnnguard.rewrite.rewrite_for_xnnpack import rewrite_for_xnnpack

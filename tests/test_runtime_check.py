@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from testbed.lowered import run_pte
+from testbed.tolerance import float_tolerance, int8_tolerance
 from tests.runtime_check_corpus import CORPUS, inputs_of, program, reference_model, write_program
-from tests.support import quant_step, run_pte
 from xnnguard.runtime_check import assert_pte_ok, verify_pte
+
+pytestmark = pytest.mark.release_sensitive
 
 STATICALLY_JUDGED = [name for name, entry in CORPUS.items() if entry.static_kinds is not None]
 # Programs the runtime loads and runs: their numbers say whether they are good.
@@ -31,7 +34,8 @@ def test_the_verdict_agrees_with_the_numbers_the_runtime_returns(name: str) -> N
     inputs = inputs_of(name)
     expected = reference_model(name)(*inputs)
     (actual,) = run_pte(program(name), inputs)
-    tolerance = 2 * quant_step(reference_model(name), expected) if CORPUS[name].quantizer else 1e-4
+    model = reference_model(name)
+    tolerance = int8_tolerance(model, expected, dynamic=False) if CORPUS[name].quantizer else float_tolerance(expected)
     numbers_right = bool(torch.allclose(actual, expected, atol=tolerance, rtol=0))
     assert verify_pte(program(name)).ok == numbers_right
 

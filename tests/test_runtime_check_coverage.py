@@ -10,9 +10,11 @@ import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-from tests.support import lower
+from testbed.lowered import lower
 from xnnguard.cli import main
 from xnnguard.runtime_check import verify_pte
+
+pytestmark = pytest.mark.release_sensitive
 
 
 class NormsAndMean(torch.nn.Module):

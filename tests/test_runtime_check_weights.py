@@ -6,8 +6,8 @@ from functools import cache
 
 import torch
 
+from testbed.lowered import lower, run_pte
 from tests.runtime_check_corpus import program
-from tests.support import lower, run_pte
 from xnnguard.cli import main
 from xnnguard.runtime_check import verify_pte
 from xnnguard.runtime_check.pte_reader import read_program

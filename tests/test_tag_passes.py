@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from executorch.exir import to_edge
 
 from xnnguard import DO_NOT_DELEGATE, TagConv3dPass, TagHighRankPass
 from xnnguard.report import Rule
+
+pytestmark = pytest.mark.release_sensitive
 
 
 class Permute(torch.nn.Module):

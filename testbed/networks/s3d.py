@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from benchmarks.networks._common import Built, pick, reinit_norms, seeded
+from testbed.networks._common import Built, pick, reinit_norms, seeded
 
 # torchvision's SepInceptionBlock3D arguments: in, b0_out, b1_mid, b1_out, b2_mid, b2_out, b3_out
 INCEPTION = {

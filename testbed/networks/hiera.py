@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.networks._common import Built, Mlp, pick, reinit_norms, seeded
+from testbed.networks._common import Built, Mlp, pick, reinit_norms, seeded
 
 Size3 = tuple[int, int, int]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from benchmarks.networks import hiera, mvit, qwen_vision, r2plus1d, s3d, swin3d, unet3d, video_vae, videomae
-from benchmarks.networks._common import SIZES, Built
+from testbed.networks import hiera, mvit, qwen_vision, r2plus1d, s3d, swin3d, unet3d, video_vae, videomae
+from testbed.networks._common import SIZES, Built
 
 __all__ = ["NETWORKS", "SIZES", "Builder", "Built"]
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.networks._common import Built, pick, seeded
+from testbed.networks._common import Built, pick, seeded
 
 
 @dataclass(frozen=True)

@@ -22,19 +22,20 @@ from torch.fx.passes.infra.pass_base import PassBase
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import xnnguard
-from tests.support import Lowered, lower, run_pte
+from testbed.lowered import Lowered, lower, run_pte
 from xnnguard.quantizer.batch_norm_patterns import only_patterns_that_can_match
 
 Int8 = Literal["static", "dynamic"]
 
 __all__ = [
+    "ConvertedPair",
     "Int8",
     "Int8Result",
     "activation_scales",
+    "both_converted",
     "converted_pt2e",
     "int8_against_the_original",
     "no_new_scales",
-    "static_scales",
 ]
 
 
@@ -73,10 +74,30 @@ def _output_scale(converted: torch.fx.GraphModule) -> float | None:
     return float(scale) if isinstance(scale, float) else None
 
 
-def _both_converted(
-    model: torch.nn.Module, x: torch.Tensor, mode: Int8, rewrites: list[PassBase] | None, shapes: object
-) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule, xnnguard.XNNPACKQuantizer]:
-    """The original quantized the stock way, and xnnguard's rewritten program quantized by its quantizer."""
+@dataclass(frozen=True)
+class ConvertedPair:
+    """The original quantized the stock way (``ideal``), and xnnguard's rewritten program quantized by its
+    quantizer (``converted``), both calibrated on the same input: what a comparison of the two starts from."""
+
+    ideal: torch.fx.GraphModule
+    converted: torch.fx.GraphModule
+    quantizer: xnnguard.XNNPACKQuantizer
+    shapes: object = None  # the dynamic shapes both were exported with
+
+    def scales(self) -> tuple[frozenset[float], frozenset[float]]:
+        """The activation scales of xnnguard's int8 model and of the original's."""
+        return activation_scales(self.converted), activation_scales(self.ideal)
+
+
+def both_converted(
+    model: torch.nn.Module, x: torch.Tensor, mode: Int8, rewrites: list[PassBase] | None = None,
+    *, dynamic_batch: bool = False,
+) -> ConvertedPair:
+    """The original quantized the stock way, and xnnguard's rewritten program quantized by its quantizer.
+
+    ``dynamic_batch``: both exported with a dynamic batch (``x``'s, at least 2).
+    """
+    shapes = ({0: torch.export.Dim("batch", min=1, max=8)},) if dynamic_batch else None
     model = model.eval()
     config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=mode == "dynamic")
     original = torch.export.export(model, (x,), dynamic_shapes=shapes).module()
@@ -87,13 +108,7 @@ def _both_converted(
         ideal_model = converted_pt2e(original, x, stock)
     quantizer = xnnguard.XNNPACKQuantizer().set_global(config)
     rewritten = xnnguard.XnnpackRewriter(rewrites, strict=True)(torch.export.export(model, (x,), dynamic_shapes=shapes))
-    return ideal_model, converted_pt2e(rewritten.module(), x, quantizer), quantizer
-
-
-def static_scales(model: torch.nn.Module, x: torch.Tensor) -> tuple[frozenset[float], frozenset[float]]:
-    """The activation scales of xnnguard's static int8 model and of the original's: no lowering, no run."""
-    ideal_model, converted, _ = _both_converted(model, x, "static", None, None)
-    return activation_scales(converted), activation_scales(ideal_model)
+    return ConvertedPair(ideal_model, converted_pt2e(rewritten.module(), x, quantizer), quantizer, shapes)
 
 
 def int8_against_the_original(
@@ -103,25 +118,27 @@ def int8_against_the_original(
     rewrites: list[PassBase] | None = None,
     *,
     dynamic_batch: bool = False,
+    pair: ConvertedPair | None = None,
 ) -> Int8Result:
     """``rewrites``: the passes xnnguard's side runs (default: all of ``rewrite_for_xnnpack``'s).
 
     ``dynamic_batch``: both sides are exported with a dynamic batch (``x``'s, at least 2) and compared at
     ``x``, at batch 1 and at one more than ``x``'s; ``steps`` is the largest distance of the three.
+    ``pair``: ``both_converted`` of the same arguments, made once for several comparisons.
     """
-    shapes = ({0: torch.export.Dim("batch", min=1, max=8)},) if dynamic_batch else None
-    ideal_model, converted, quantizer = _both_converted(model, x, mode, rewrites, shapes)
-    program = torch.export.export(converted, (x,), dynamic_shapes=shapes)
+    pair = pair or both_converted(model, x, mode, rewrites, dynamic_batch=dynamic_batch)
+    program = torch.export.export(pair.converted, (x,), dynamic_shapes=pair.shapes)
     lowered = lower(program, (x,), xnnguard.XnnpackPartitioner())
     steps = 0.0
     for inputs in [x, x[:1], torch.cat([x, x[:1]])] if dynamic_batch else [x]:
         with torch.no_grad():
-            ideal = ideal_model(inputs)
-        scale = _output_scale(ideal_model) if mode == "static" else None
+            ideal = pair.ideal(inputs)
+        scale = _output_scale(pair.ideal) if mode == "static" else None
         step = scale if scale is not None else float(ideal.max() - ideal.min()) / 255
         (out,) = run_pte(lowered.buffer, (inputs,))
         steps = max(steps, float((out - ideal).abs().max()) / step)
-    return Int8Result(steps, lowered, quantizer, activation_scales(converted), activation_scales(ideal_model))
+    ideal_scales, scales = activation_scales(pair.ideal), activation_scales(pair.converted)
+    return Int8Result(steps, lowered, pair.quantizer, scales, ideal_scales)
 
 
 def no_new_scales(result: Int8Result, rel: float = 1e-4) -> bool:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.networks._common import Built, pick, reinit_norms, seeded
+from testbed.networks._common import Built, pick, reinit_norms, seeded
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from benchmarks.networks._common import Built, pick, reinit_norms, seeded
+from testbed.networks._common import Built, pick, reinit_norms, seeded
 
 
 @dataclass(frozen=True)

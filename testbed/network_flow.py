@@ -1,0 +1,308 @@
+"""A whole network of ``testbed.networks`` through xnnguard's flow (or stock ExecuTorch's), stage by stage.
+
+``lower_network`` builds a network, exports it (with a dynamic batch if asked), rewrites it
+(``xnnguard.XnnpackRewriter``), quantizes it for int8 (pt2e with ``xnnguard.XNNPACKQuantizer``, per-channel
+symmetric, static or dynamic, calibrated on the example input, after the rewrite), lowers it with
+``xnnguard.XnnpackPartitioner``, serializes, loads and runs it with the real runtime, and compares with
+eager (float) or the converted pt2e model (int8) by ``testbed.tolerance``'s whole-network verdict. With
+``stock=True`` it does the same with ExecuTorch's own partitioner and quantizer and no rewrite. Every
+failure is caught and named by its stage; the result is plain data (it crosses processes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from testbed.quantize import xnnguard_quantizer, xnnpack_quantizer
+from testbed.rounding_floor import rounding_floor
+from testbed.tolerance import NETWORK_TOLERANCE, mean_relative_error, network_matches, relative_error
+
+__all__ = [
+    "MAX_DELEGATES",
+    "NOT_COMPUTE",
+    "PRECISIONS",
+    "Result",
+    "StageError",
+    "compute_outside",
+    "count_graph",
+    "dynamic_batch",
+    "failure_lines",
+    "lower_network",
+    "matches",
+    "stage",
+]
+
+PRECISIONS = ("float", "static", "dynamic")
+# Issue 12's target: at most this many XNNPACK delegates per network, and no compute op outside them.
+MAX_DELEGATES = 3
+# What a graph outside the delegates may keep without counting as compute left on portable kernels.
+NOT_COMPUTE = ("getitem", "executorch_call_delegate", "alloc", "sym_size", "_assert", "dim_order_ops")
+
+
+@dataclass
+class Result:
+    """Everything one (network, precision, flow) lowering produced, as plain data (it crosses processes)."""
+
+    network: str
+    size: str
+    precision: str
+    flow: str  # "xnnguard" or "stock"
+    batch: str = "static"  # "dynamic": exported with a dynamic batch (see dynamic_batch)
+    status: str = "ok"  # "ok", "mismatch", or "<stage> failed"
+    error: str = ""
+    delegates: int | None = None
+    delegated_ops: int | None = None
+    outside: int | None = None
+    outside_kinds: list[tuple[str, int]] = field(default_factory=list)
+    max_err: float | None = None
+    float_err: float | None = None  # int8 only: the same measure against the float eager model
+    reference_float_err: float | None = None  # int8 only: the converted model's own error against float
+    float_mean_err: float | None = None  # int8 only: mean abs error against float, over float's max abs value
+    reference_float_mean_err: float | None = None  # int8 only: the converted model's, the same way
+    rounding_floor: float | None = None  # int8 only: testbed.rounding_floor of the converted model
+    rewrite_report: list[str] = field(default_factory=list)
+    kept_out: list[str] = field(default_factory=list)
+    no_equivalent: list[str] = field(default_factory=list)  # ops of the kept-out nodes no XNNPACK node computes
+    left_in_float: list[str] = field(default_factory=list)
+    lower_s: float | None = None
+    pte: str | None = None
+    eager_ms: float | None = None
+    et_ms: float | None = None
+    stage_s: dict[str, float] = field(default_factory=dict)  # seconds per stage of the flow
+
+
+class StageError(Exception):
+    """A stage of the flow failed; ``stage`` names it, the cause is chained."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+@contextmanager
+def stage(name: str, result: Result, log: Callable[[], str] | None = None) -> Iterator[None]:
+    """Time the block into ``result.stage_s``; turn its exception into a ``StageError`` naming the stage.
+
+    The exact message is kept; ``log`` gives the runtime's own failure lines (the pybindings' exceptions
+    only carry an error code).
+    """
+    started = time.perf_counter()
+    try:
+        yield
+    except StageError:
+        raise
+    except Exception as error:
+        message = _describe(error)
+        runtime = log() if log is not None else ""
+        if runtime:
+            message += f" | runtime log: {runtime}"
+        if name == "run" and "Init failed" in runtime:  # the pybindings load a method on its first call
+            name = "init (first call)"
+        raise StageError(name, message) from error
+    finally:
+        result.stage_s[name] = result.stage_s.get(name, 0.0) + time.perf_counter() - started
+
+
+def _describe(error: BaseException) -> str:
+    """The exception and what caused it: ExecuTorch's pass manager wraps the real error in a generic one."""
+    parts, seen = [], set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__}: {current}".strip())
+        current = current.__cause__ or current.__context__
+    return " | caused by: ".join(parts)
+
+
+def _quantizer(precision: str, stock: bool) -> Any:
+    if stock:
+        import executorch.kernels.quantized  # noqa: F401  (q/dq left outside need these kernels, by hand)
+
+        return xnnpack_quantizer(dynamic=precision == "dynamic")
+    return xnnguard_quantizer(dynamic=precision == "dynamic")
+
+
+def _partitioner(stock: bool) -> Any:
+    if stock:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        return XnnpackPartitioner()
+    import xnnguard
+
+    return xnnguard.XnnpackPartitioner()
+
+
+def _first_tensor(output: Any) -> torch.Tensor:
+    while isinstance(output, list | tuple):
+        output = output[0]
+    assert isinstance(output, torch.Tensor), f"the network returned {type(output).__name__}, not a tensor"
+    return output
+
+
+def _op_name(target: Any) -> str:
+    """``aten.permute_copy.default`` for an edge op, the function's name for anything else."""
+    name = str(target)
+    return name if "." in name and " " not in name else getattr(target, "__name__", name)
+
+
+def count_graph(edge: Any, result: Result) -> None:
+    """Delegates, ops inside them, and call_function nodes left outside (by kind) in the top-level graph."""
+    gm = edge.exported_program().graph_module
+    outside: Counter[str] = Counter()
+    delegates = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = _op_name(node.target)
+        if "executorch_call_delegate" in name:
+            delegates += 1
+        elif "getitem" not in name:
+            outside[name] += 1
+    result.delegates = delegates
+    result.delegated_ops = sum(
+        1 for _, child in gm.named_children() if hasattr(child, "original_module")
+        for node in child.original_module.graph.nodes if node.op == "call_function")
+    result.outside = sum(outside.values())
+    result.outside_kinds = outside.most_common()
+
+
+def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: Result,
+             stock: bool) -> tuple[Any, torch.Tensor]:
+    """Export, rewrite (xnnguard flow) and quantize (int8): the program to lower and its reference output.
+
+    The reference is eager for float and the converted pt2e model for int8: it isolates what lowering
+    and the runtime change from what quantization itself changes.
+    """
+    dynamic_shapes = getattr(model, "export_dynamic_shapes", None)  # a network exported with dynamic dims
+    export_inputs = inputs
+    if result.batch == "dynamic" and dynamic_shapes is None:
+        # a network without a batch dim says what varies instead (Qwen2-VL's tower: the patch count)
+        dynamic_shapes = getattr(model, "dynamic_batch_shapes", None)
+        if dynamic_shapes is None:
+            export_inputs, dynamic_shapes = dynamic_batch(inputs)
+    with stage("export", result):
+        ep = torch.export.export(model, export_inputs, dynamic_shapes=dynamic_shapes)
+    if not stock:
+        import xnnguard
+
+        rewriter = xnnguard.XnnpackRewriter()
+        with stage("rewrite", result):
+            ep = rewriter(ep)
+        result.rewrite_report = [str(record) for record in rewriter.report]
+    if result.precision == "float":
+        with torch.no_grad():
+            return ep, _first_tensor(model(*inputs))
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = _quantizer(result.precision, stock)
+    with stage("quantize", result):
+        prepared = prepare_pt2e(ep.module(), quantizer)
+        prepared(*inputs)  # calibrate on the example input
+        converted = convert_pt2e(prepared)
+        expected = _first_tensor(converted(*inputs))
+        result.rounding_floor = rounding_floor(converted, inputs)
+        ep = torch.export.export(converted, export_inputs, dynamic_shapes=dynamic_shapes)
+    result.left_in_float = [str(record) for record in getattr(quantizer, "left_in_float", ())]
+    return ep, expected
+
+
+def dynamic_batch(inputs: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], tuple[dict[int, Any], ...]]:
+    """Export inputs and dynamic shapes for a dynamic batch, as export pipelines often keep one.
+
+    The example is the input repeated to batch 2 (an example batch of 1 would be specialized away); the
+    program is then run and compared at the network's own batch of 1, another batch than it was traced at.
+    """
+    batch = torch.export.Dim("batch", min=1, max=4)
+    return (tuple(x.repeat(2, *[1] * (x.dim() - 1)) for x in inputs),
+            tuple({0: batch} for _ in inputs))
+
+
+def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Path,
+                  batch: str = "static") -> Result:
+    """Build, export, rewrite, quantize, lower, serialize, load, run and compare one network."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from testbed.networks import NETWORKS
+    from xnnguard.boundary.runtime import load_module
+    from xnnguard.report import Rule
+    from xnnguard.runtime_check.runtime_load import captured_stderr
+
+    result = Result(name, size, precision, "stock" if stock else "xnnguard", batch=batch)
+    try:
+        with stage("build", result):
+            model, inputs = NETWORKS[name](size)
+        started = time.perf_counter()
+        ep, expected = _prepare(model, inputs, result, stock)
+        partitioner = _partitioner(stock)
+        with stage("lower", result):
+            edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
+        count_graph(edge, result)
+        result.kept_out = [str(record) for record in getattr(partitioner, "kept_out", ())]
+        result.no_equivalent = [record.op for record in getattr(partitioner, "kept_out", ())
+                                if record.rule is Rule.NO_XNNPACK_EQUIVALENT]
+        with stage("serialize", result):
+            buffer = edge.to_executorch().buffer
+        result.lower_s = time.perf_counter() - started
+        pte = pte_dir / f"{name}.{size}.{precision}.{batch}.{result.flow}.pte"
+        pte.write_bytes(buffer)
+        result.pte = str(pte)
+        with captured_stderr() as log:
+
+            def failures() -> str:
+                return failure_lines(log.text())
+
+            with stage("load", result, failures):
+                module = load_module(buffer)  # buffer outlives the module
+            with stage("run", result, failures):
+                got = _first_tensor(module.forward(inputs))
+        result.max_err = relative_error(got, expected)
+        if precision != "float":
+            with torch.no_grad():
+                eager = _first_tensor(model(*inputs))
+            result.float_err = relative_error(got, eager)
+            result.reference_float_err = relative_error(expected, eager)
+            result.float_mean_err = mean_relative_error(got, eager)
+            result.reference_float_mean_err = mean_relative_error(expected, eager)
+        # int8: an error below what one-step rounding differences cause is as close as rounding allows
+        tolerance = max(NETWORK_TOLERANCE[precision], result.rounding_floor or 0.0)
+        if not matches(result, tolerance):
+            result.status = "mismatch"
+            result.error = (f"output shape {tuple(got.shape)} vs {tuple(expected.shape)}" if result.max_err is None
+                            else f"max error {result.max_err:.3g} of the output scale > {tolerance:.3g}")
+    except StageError as error:
+        result.status = f"{error.stage} failed"
+        result.error = str(error)
+    return result
+
+
+def compute_outside(result: Result) -> int | None:
+    """Compute ops the lowering left outside XNNPACK (on portable kernels) that some XNNPACK node could
+    compute: not ``NOT_COMPUTE``, and not what the partitioner names as having no XNNPACK equivalent."""
+    if result.outside is None:
+        return None
+    floor = Counter(result.no_equivalent)
+    return sum(max(0, n - floor[kind]) for kind, n in result.outside_kinds
+               if not any(word in kind for word in NOT_COMPUTE))
+
+
+def failure_lines(log: str) -> str:
+    """The runtime log's lines that say what failed (cpuinfo's chatter left out)."""
+    lines = [line.strip() for line in log.splitlines() if "fail" in line.lower() or "error" in line.lower()]
+    return "; ".join(line for line in lines if not line.startswith("[cpuinfo"))[-1500:]
+
+
+
+
+def matches(result: Result, tolerance: float) -> bool:
+    """``testbed.tolerance.network_matches`` of a result."""
+    return network_matches(result.precision, result.max_err, tolerance, float_err=result.float_err,
+                           reference_float_err=result.reference_float_err, float_mean_err=result.float_mean_err,
+                           reference_float_mean_err=result.reference_float_mean_err)

@@ -1,0 +1,131 @@
+"""How close a lowered program must come to its reference: one policy for float, one for int8.
+
+* **float**: the program against eager PyTorch, within ``FLOAT_RTOL`` of the reference's scale (its largest
+  magnitude, at least 1): XNNPACK sums in other orders and fuses, nothing more may differ.
+* **int8**: the program against the converted pt2e model, within ``INT8_STEPS`` quantization steps. A
+  step is the converted model's largest static activation scale (a rounding at a coarse scale carries
+  through views to a finer output scale). Under dynamic quantization XNNPACK picks activation scales per
+  batch row where pt2e picks one per tensor, so a step is also at least the converted model's own largest
+  error against float, and at least an int8 step over the output's range.
+
+A whole network (``NetworkVerdict``) is judged by the same two policies, relative to its output's scale,
+with the tolerance a deep network needs (``NETWORK_TOLERANCE``) and, in int8, the rounding floor
+(``testbed.rounding_floor``): what one-step rounding differences alone move its output by.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "FLOAT_RTOL",
+    "INT8_STEPS",
+    "MAX_ERR_SLACK",
+    "NETWORK_TOLERANCE",
+    "float_tolerance",
+    "int8_tolerance",
+    "mean_relative_error",
+    "network_matches",
+    "quant_step",
+    "relative_error",
+]
+
+FLOAT_RTOL = 1e-5
+INT8_STEPS = 2
+# Whole networks, relative to the output's largest magnitude: float through dozens of layers; int8 also
+# within its rounding floor when that is larger (testbed.rounding_floor).
+NETWORK_TOLERANCE = {"float": 1e-3, "static": 0.05, "dynamic": 0.05}
+# Dynamic int8 also matches as close to float as its reference: the max error up to this many times the
+# reference's, the mean error no larger (see network_matches).
+MAX_ERR_SLACK = 2.0
+
+
+def _scale(reference: torch.Tensor) -> float:
+    return max(1.0, float(reference.detach().abs().max()))
+
+
+def float_tolerance(reference: torch.Tensor) -> float:
+    """The largest error a float program may have against eager ``reference``."""
+    return FLOAT_RTOL * _scale(reference)
+
+
+def quant_step(converted: torch.fx.GraphModule, expected: torch.Tensor) -> float:
+    """One quantization step of ``converted``: its largest static activation scale.
+
+    A dynamically quantized model has no static scale; there a step is that of an int8 grid over the
+    range of the expected output.
+    """
+    scales = [
+        float(node.args[1])
+        for node in converted.graph.nodes
+        if node.op == "call_function"
+        and "quantize_per_tensor" in str(node.target)
+        and isinstance(node.args[1], (int, float))
+    ]
+    if scales:
+        return max(scales)
+    return float(expected.max() - expected.min()) / 255
+
+
+def int8_tolerance(
+    converted: torch.fx.GraphModule,
+    reference: torch.Tensor,
+    *,
+    dynamic: bool,
+    float_reference: torch.Tensor | None = None,
+) -> float:
+    """The largest error an int8 program may have against ``reference``, the converted model's output.
+
+    ``float_reference``: the float model's output, which a dynamic program's step is measured against.
+    """
+    step = quant_step(converted, reference)
+    if dynamic and float_reference is not None:
+        step = max(step, float((reference - float_reference).detach().abs().max()))
+    return INT8_STEPS * step + 1e-6
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float | None:
+    """Max abs error over the expected output's max abs value (None when the shapes differ)."""
+    if got.shape != expected.shape:
+        return None
+    return (got - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
+
+
+def mean_relative_error(got: torch.Tensor, expected: torch.Tensor) -> float | None:
+    """Mean abs error over the expected output's max abs value (None when the shapes differ)."""
+    if got.shape != expected.shape:
+        return None
+    return (got - expected).abs().mean().item() / max(expected.abs().max().item(), 1e-6)
+
+
+def network_matches(
+    precision: str,
+    max_err: float | None,
+    tolerance: float,
+    *,
+    float_err: float | None = None,
+    reference_float_err: float | None = None,
+    float_mean_err: float | None = None,
+    reference_float_mean_err: float | None = None,
+) -> bool:
+    """Within ``tolerance`` of the reference; in dynamic int8, or as close to float as the reference is.
+
+    XNNPACK's dynamically quantized conv picks quantization parameters per image of the batch, the
+    converted model one per tensor (measured: a conv on a batch of four images of ranges 0.01 to 10 is
+    1e-4 from float on XNNPACK, 1.6e-2 in the converted model). Where frames are folded into the batch
+    (a video VAE) XNNPACK then rounds other elements than the reference it is compared with; that is
+    ExecuTorch's dynamic quantization, not a wrong program. "As close": no larger a mean error against
+    float than the reference's (the program as a whole), and a max error at most ``MAX_ERR_SLACK`` times
+    the reference's (no element far off: a wrong channel or frame would be). The max alone is one
+    element: the test-size VAE is 8.7 % from float at its worst element, the reference 7.4 %, while the
+    program's mean error is the smaller (0.54 % against 0.57 %).
+    """
+    if max_err is not None and max_err <= tolerance:
+        return True
+    if precision != "dynamic":
+        return False
+    errors = (float_err, reference_float_err, float_mean_err, reference_float_mean_err)
+    if any(error is None for error in errors):
+        return False
+    worst, reference_worst, mean, reference_mean = errors
+    return mean <= reference_mean and worst <= MAX_ERR_SLACK * reference_worst  # type: ignore[operator]
