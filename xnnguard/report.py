@@ -11,7 +11,11 @@ __all__ = ["STOCK_RULES", "KeptOut", "Rule", "summarize"]
 
 
 class Rule(str, Enum):
-    """Why a node was kept out. Each rule is decided in exactly one module (named here)."""
+    """Why a node was kept out (or taken differently). Each is decided in exactly one module (named here).
+
+    The rules of ``xnnguard.rules`` are listed, in the order they are asked, in ``xnnguard.rules.registry``;
+    the others name records that follow from a rule or come from elsewhere (``registry.OTHER_RECORDS``).
+    """
 
     HIGH_RANK = "high_rank"  # xnnguard.rules.rank_limit
     CONV3D = "conv3d"  # xnnguard.rules.conv3d
@@ -23,6 +27,7 @@ class Rule(str, Enum):
     NOT_REWRITTEN = "not_rewritten"  # an op XNNPACK has no kernel for that a rewrite could not replace
     QUANTIZED_PAD = "quantized_pad"  # xnnguard.rules.quantized_pad
     DYNAMIC_CONV_SOURCE = "dynamic_conv_source"  # xnnguard.rules.dynamic_conv_source
+    QUANTIZATION_MATCH = "quantization_match"  # xnnguard.rules.quantization_match: taken float, delegated
     EXTRA_ROUNDING = "extra_rounding"  # a rewritten form that, quantized, rounds where the original does not
     NO_XNNPACK_EQUIVALENT = "no_xnnpack_equivalent"  # xnnguard.rules.no_equivalent: no XNNPACK node computes it
     NO_XNNPACK_CONFIG = "no_xnnpack_config"  # xnnguard.partition.outside: ExecuTorch has no XNNPACK config for the op

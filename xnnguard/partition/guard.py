@@ -11,8 +11,8 @@ makes has been checked here:
   ``xnnguard.partition.implicit_qdq``); a refusal by the stock check is remembered with its reason;
 * ``get_partition`` takes the stock match, holds back the implicit marks it set (they go back on once
   the partition is taken), leaves out optional members a rule forbids, drops a match that needs a
-  forbidden op or q/dq, and checks the int8 rules (``xnnguard.rules.quantized_pad``,
-  ``xnnguard.rules.quantization_match``). Returning ``[]`` makes the stock loop skip the match.
+  forbidden op or q/dq, and asks the match-level (int8) rules of ``xnnguard.rules.registry``. Returning
+  ``[]`` makes the stock loop skip the match.
 
 Outside the matching loop (``ops_to_not_decompose`` asks ``check_constraints`` of the ATen program) a
 guard only passes the call on: what is decided there is decided by the partitioner's own filter.
@@ -30,10 +30,9 @@ from executorch.exir.backend.canonical_partitioners.config_partitioner import Pa
 from xnnguard.graph.ops import target_name
 from xnnguard.partition import implicit_qdq
 from xnnguard.report import KeptOut, Rule
-from xnnguard.rules.dynamic_conv_source import dynamic_conv_source_violation
 from xnnguard.rules.keep_out import keep_out_reason
-from xnnguard.rules.quantization_match import quantization_mismatch, shared_dequantize
-from xnnguard.rules.quantized_pad import unquantized_pad_violation
+from xnnguard.rules.registry import first_record
+from xnnguard.rules.rule import Context, Effect, Scope
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -171,25 +170,20 @@ def _int8_checked(
 ) -> tuple[list[torch.fx.Node], set[torch.fx.Node]] | None:
     """A match as XNNPACK will take it int8, or None when it cannot be taken at all.
 
-    A pad that ExecuTorch makes int8 needs its dequantize implicit in the same match
-    (``xnnguard.rules.quantized_pad``): otherwise the match is dropped. An op XNNPACK runs int8 only
-    within one quantization whose q/dq differ, or whose dequantize other ops read too
-    (``xnnguard.rules.quantization_match``), is taken as the float op it also is: its q/dq leave the
-    match and stay conversions of their own. A convolution whose dynamically quantized input 1.5.1 would
-    lay out wrongly (``xnnguard.rules.dynamic_conv_source``) drops the match.
+    The match-level rules of ``xnnguard.rules.registry`` decide: one that keeps a member out drops the
+    whole match (a pad ExecuTorch makes int8 without its dequantize, a dynamically quantized conv whose
+    input 1.5.1 lays out wrong); one that takes the anchor as a float op leaves its q/dq out of the match,
+    conversions of their own (an int8 move whose q/dq differ).
     """
+    context = Context(implicit=implicit)
     for member in nodes:
-        violation = unquantized_pad_violation(member, implicit)
-        if violation is not None:
-            ledger.keep_out(KeptOut(member.name, target_name(member), Rule.QUANTIZED_PAD, violation))
+        record = first_record(member, Scope.MATCH, context=context, effect=Effect.KEEP_OUT)
+        if record is not None:
+            ledger.keep_out(record)
             return None
-        violation = dynamic_conv_source_violation(member)
-        if violation is not None:
-            ledger.keep_out(KeptOut(member.name, target_name(member), Rule.DYNAMIC_CONV_SOURCE, violation))
-            return None
-    mismatch = quantization_mismatch(anchor, implicit) or shared_dequantize(anchor, implicit)
-    if mismatch is None:
+    as_float = first_record(anchor, Scope.MATCH, context=context, effect=Effect.TAKE_AS_FLOAT)
+    if as_float is None:
         return nodes, implicit
-    logger.debug("xnnguard: %s taken as a float op: %s", anchor.name, mismatch)
+    logger.debug("xnnguard: %s taken as a float op: %s", anchor.name, as_float.reason)
     own = {n for n in implicit if n in anchor.all_input_nodes or anchor in n.all_input_nodes}
     return [n for n in nodes if n not in own], implicit - own

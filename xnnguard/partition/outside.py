@@ -7,7 +7,7 @@
 2. nothing XNNPACK runs computes it (``xnnguard.rules.no_equivalent``: an integer tensor, a gather by
    indices known only at run time);
 3. ExecuTorch's XNNPACK config for the op refused it: its own reason, the ``why(...)`` text it logs at
-   DEBUG (``xnnguard.partition.why``), or, where it gives none, which config refused it;
+   DEBUG (``xnnguard.boundary.why_no_partition``), or, where it gives none, which config refused it;
 4. no XNNPACK config takes the operator at all (``aten.native_layer_norm.default``);
 5. its config took it into a match but no partition kept that match (the stock grouping split it off).
 
@@ -25,7 +25,8 @@ from executorch.exir.backend.canonical_partitioners.config_partitioner import fo
 from xnnguard.graph.ops import target_name
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rules.keep_out import keep_out_reason
-from xnnguard.rules.no_equivalent import no_xnnpack_equivalent
+from xnnguard.rules.registry import first_record
+from xnnguard.rules.rule import Scope
 
 if TYPE_CHECKING:
     import torch
@@ -55,9 +56,10 @@ def outside_record(
     record = keep_out_reason(node)
     if record is not None:
         return record
+    explained = first_record(node, Scope.EXPLANATION)
+    if explained is not None:
+        return explained
     op = target_name(node)
-    if (floor := no_xnnpack_equivalent(node)) is not None:
-        return KeptOut(node.name, op, Rule.NO_XNNPACK_EQUIVALENT, floor)
     if node in refused:
         reason = reasons.get(node) or f"{refused[node]}.check_constraints refuses it (it gives no reason)"
         return KeptOut(node.name, op, Rule.XNNPACK_CONFIG, f"XNNPACK's {refused[node]}: {reason}")

@@ -1,14 +1,16 @@
-"""What XNNPACK (as ExecuTorch 1.5.x lowers to it) cannot take: one rule per module, and the policy.
+"""What XNNPACK (as ExecuTorch 1.5.x lowers to it) cannot take: one rule per module, one list of them all.
 
+* ``rule``: what a rule is (a check, its scope, its effect); ``registry``: every rule, in the order asked;
 * ``rank_limit``: tensors of at most ``XNN_MAX_TENSOR_DIMS`` (6) dims;
 * ``conv3d``: a convolution is 3-D when its weight has rank 5, and XNNPACK has none;
 * ``max_reduction``: a max over one dim keeps it, written 2 or 3 of a 4-D tensor;
 * ``prelu_rank``: PReLU on 4-D tensors only;
-* ``passthrough_output``: a partition output stays a value of its own once copies are dropped;
-* ``no_equivalent``: what no XNNPACK node computes (integer tensors, gathers by run-time indices);
 * ``tagged``: a node tagged do-not-delegate stays out (the tag names the rule that set it);
+* ``passthrough_output``: a partition output stays a value of its own once copies are dropped;
+* ``quantized_pad``, ``dynamic_conv_source``, ``quantization_match``: what an int8 match needs;
+* ``no_equivalent``: what no XNNPACK node computes (integer tensors, gathers by run-time indices);
 * ``keep_out``: ``keep_out_reason``, the one function the tag passes, the partitioner and the
-  rewrites ask.
+  rewrites ask about a node.
 
 Every module imports torch only inside the functions that look at graph nodes, so the verifier
 (which reads flatbuffers, not graphs) can ask the rules without importing torch.

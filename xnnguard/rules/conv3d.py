@@ -15,14 +15,18 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from xnnguard.graph.ops import op_of
+from xnnguard.report import Rule
+from xnnguard.rules.rule import RuleCheck, Scope
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
     "CONV3D_WEIGHT_RANK",
+    "RULE",
     "ConvKind",
     "conv3d_kind",
+    "conv3d_violation",
     "is_3d_convolution",
     "is_3d_convolution_operator",
     "is_3d_convolution_weight",
@@ -110,3 +114,17 @@ def is_3d_convolution_operator(operator: object) -> bool:
 
     packet = getattr(operator, "overloadpacket", operator)
     return isinstance(packet, torch._ops.OpOverloadPacket) and packet in _3d_convolution_operators()
+
+
+def conv3d_violation(node: torch.fx.Node) -> str | None:
+    """Why ``node`` cannot go to XNNPACK as a 3-D convolution, or None when it is not one."""
+    kind = conv3d_kind(node)
+    return None if kind is None else f"{kind.description}: XNNPACK has no 3-D convolution"
+
+
+RULE = RuleCheck(
+    Rule.CONV3D,
+    Scope.NODE,
+    "a convolution is 3-D when its weight has rank 5, and XNNPACK has no 3-D convolution",
+    lambda node, _context: conv3d_violation(node),
+)

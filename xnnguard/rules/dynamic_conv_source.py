@@ -30,11 +30,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from xnnguard.graph.ops import is_op
+from xnnguard.report import Rule
+from xnnguard.rules.rule import RuleCheck, Scope
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["dynamic_conv_source_violation", "walk_misplaces"]
+__all__ = ["RULE", "dynamic_conv_source_violation", "walk_misplaces"]
 
 _DEQUANTIZE_OPS = frozenset({"dequantize_per_tensor", "dequantize_per_token", "dequantize_affine"})
 _CHOOSE_QPARAMS_OPS = frozenset({"choose_qparams", "choose_qparams_affine", "choose_qparams_per_token_asymmetric"})
@@ -134,3 +136,11 @@ def dynamic_conv_source_violation(node: torch.fx.Node) -> str | None:
         f"up to {end.name}), which fails or computes wrong numbers; xnnguard.XNNPACKQuantizer gives such a conv "
         "a cat input and keeps it on XNNPACK"
     )
+
+
+RULE = RuleCheck(
+    Rule.DYNAMIC_CONV_SOURCE,
+    Scope.MATCH,
+    "a dynamically quantized conv is taken only where 1.5.1 lays out its input right (NHWC already)",
+    lambda node, _context: dynamic_conv_source_violation(node),
+)

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING
 from xnnguard.graph.args import int_arg
 from xnnguard.graph.ops import is_op
 from xnnguard.graph.shapes import tensor_value
+from xnnguard.report import Rule
+from xnnguard.rules.rule import RuleCheck, Scope
 
 if TYPE_CHECKING:
     import torch
     from torch.fx.node import Argument
 
-__all__ = ["is_max_dim", "max_dim_arguments", "max_over_height_or_width", "max_reduction_violation"]
+__all__ = ["RULE", "is_max_dim", "max_dim_arguments", "max_over_height_or_width", "max_reduction_violation"]
 
 _POOLED_DIMS = (2, 3)  # H and W of NCHW
 
@@ -61,3 +63,11 @@ def max_reduction_violation(node: torch.fx.Node) -> str | None:
     if not keepdim:
         return "max without keepdim: XNNPACK 1.5.1 lowers max over a dim only with keepdim=True"
     return None
+
+
+RULE = RuleCheck(
+    Rule.MAX_REDUCTION,
+    Scope.NODE,
+    "a max over one dim is taken only keeping its dim, over H or W of a 4-D tensor",
+    lambda node, _context: max_reduction_violation(node),
+)

@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING
 
 from xnnguard.graph.ops import is_op
 from xnnguard.graph.shapes import dynamic_broadcast_dim, tensor_value
+from xnnguard.report import Rule
+from xnnguard.rules.rule import Effect, RuleCheck, Scope
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-__all__ = ["no_xnnpack_equivalent"]
+__all__ = ["RULE", "no_xnnpack_equivalent"]
 
 _GATHERS = frozenset({"index", "index_select", "gather", "embedding", "take"})
 _EXPANDS = frozenset({"expand", "expand_copy"})
@@ -60,3 +62,12 @@ def no_xnnpack_equivalent(node: Node) -> str | None:
             "XNNPACK has no broadcast node, and its elementwise ops take a run-time size only from an input of it"
         )
     return None
+
+
+RULE = RuleCheck(
+    Rule.NO_XNNPACK_EQUIVALENT,
+    Scope.EXPLANATION,
+    "integer tensors, gathers by run-time indices and broadcasts to a run-time size have no XNNPACK node",
+    lambda node, _context: no_xnnpack_equivalent(node),
+    Effect.EXPLAIN,
+)

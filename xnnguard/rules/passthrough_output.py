@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, cast
 
 from xnnguard.graph.ops import is_op
 from xnnguard.graph.shapes import tensor_value
+from xnnguard.report import Rule
+from xnnguard.rules.rule import Context, RuleCheck, Scope
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["passthrough_output_violation"]
+__all__ = ["RULE", "passthrough_output_violation"]
 
 _COPIES = frozenset({"_to_copy", "_to_dim_order_copy"})
 _CLONES = frozenset({"clone", "_clone_dim_order"})
@@ -101,3 +103,15 @@ def passthrough_output_violation(node: torch.fx.Node, partition: Collection[torc
                 "both copies, and a delegate cannot output one value twice"
             )
     return None
+
+
+def _check(node: torch.fx.Node, context: Context) -> str | None:
+    return None if context.partition is None else passthrough_output_violation(node, context.partition)
+
+
+RULE = RuleCheck(
+    Rule.PASSTHROUGH_OUTPUT,
+    Scope.PARTITION,
+    "a partition output stays a value of its own once XNNPACK drops its copies",
+    _check,
+)

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 
 from xnnguard.graph.ops import is_op
 from xnnguard.graph.shapes import tensor_value
+from xnnguard.report import Rule
+from xnnguard.rules.rule import RuleCheck, Scope
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["is_prelu", "prelu_rank_violation"]
+__all__ = ["RULE", "is_prelu", "prelu_rank_violation"]
 
 PRELU_RANK = 4
 
@@ -32,3 +34,11 @@ def prelu_rank_violation(node: torch.fx.Node) -> str | None:
     if value is None or value.dim() == PRELU_RANK:
         return None
     return f"PReLU on a {value.dim()}-D input: XNNPACK runs PReLU channels-last, on 4-D tensors only"
+
+
+RULE = RuleCheck(
+    Rule.PRELU_RANK,
+    Scope.NODE,
+    f"PReLU is taken on {PRELU_RANK}-D tensors only",
+    lambda node, _context: prelu_rank_violation(node),
+)

@@ -16,11 +16,13 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from xnnguard.graph.ops import is_op, op_of
+from xnnguard.report import Rule
+from xnnguard.rules.rule import Effect, RuleCheck, Scope
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SAME_QUANTIZATION_OPS", "quantization_mismatch", "shared_dequantize"]
+__all__ = ["RULE", "SAME_QUANTIZATION_OPS", "quantization_mismatch", "shared_dequantize"]
 
 # Edge ops whose XNNPACK node requires one quantization on input and output (what they lower to).
 SAME_QUANTIZATION_OPS = frozenset(
@@ -87,3 +89,13 @@ def shared_dequantize(node: torch.fx.Node, implicit: Collection[torch.fx.Node]) 
             if others:
                 return f"int8 {found[0]} reads a dequantize that {', '.join(others)} also read"
     return None
+
+
+RULE = RuleCheck(
+    Rule.QUANTIZATION_MATCH,
+    Scope.MATCH,
+    "an op XNNPACK moves int8 within one quantization only is taken as a float op when its q/dq differ or "
+    "its dequantize has other readers",
+    lambda node, context: quantization_mismatch(node, context.implicit) or shared_dequantize(node, context.implicit),
+    Effect.TAKE_AS_FLOAT,
+)

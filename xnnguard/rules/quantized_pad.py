@@ -18,11 +18,13 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from xnnguard.graph.ops import is_op
+from xnnguard.report import Rule
+from xnnguard.rules.rule import RuleCheck, Scope
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["QUANTIZE_OPS", "quantized_by_xnnpack", "unquantized_pad_violation"]
+__all__ = ["QUANTIZE_OPS", "RULE", "quantized_by_xnnpack", "unquantized_pad_violation"]
 
 _CLONE_OPS = frozenset({"clone", "_clone_dim_order"})
 
@@ -88,3 +90,11 @@ def unquantized_pad_violation(node: torch.fx.Node, implicit: Collection[torch.fx
         "a zero pad of a dequantized tensor: ExecuTorch's InsertPadQDQPass makes it an int8 pad, which XNNPACK "
         "takes only with an int8 input (a quantized convolution's padding); alone it fails to load"
     )
+
+
+RULE = RuleCheck(
+    Rule.QUANTIZED_PAD,
+    Scope.MATCH,
+    "a pad ExecuTorch makes int8 needs its dequantize implicit in the same match",
+    lambda node, context: unquantized_pad_violation(node, context.implicit),
+)

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from xnnguard.xnnpack_constants import XNN_MAX_TENSOR_DIMS
+from xnnguard.boundary.xnnpack_constants import XNN_MAX_TENSOR_DIMS
+from xnnguard.report import Rule
+from xnnguard.rules.rule import RuleCheck, Scope
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["XNN_MAX_TENSOR_DIMS", "exceeds_rank_limit", "rank_violation"]
+__all__ = ["RULE", "XNN_MAX_TENSOR_DIMS", "exceeds_rank_limit", "rank_violation"]
 
 
 def exceeds_rank_limit(num_dims: int) -> bool:
@@ -48,3 +50,11 @@ def rank_violation(node: torch.fx.Node) -> str | None:
             if exceeds_rank_limit(rank):
                 return f"input {index} ({arg.name}) has {rank} dims > {XNN_MAX_TENSOR_DIMS}"
     return None
+
+
+RULE = RuleCheck(
+    Rule.HIGH_RANK,
+    Scope.NODE,
+    f"XNNPACK takes tensors of at most {XNN_MAX_TENSOR_DIMS} dims, inputs and outputs alike",
+    lambda node, _context: rank_violation(node),
+)

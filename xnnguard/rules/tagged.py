@@ -15,11 +15,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from xnnguard.report import Rule
+from xnnguard.rules.rule import RuleCheck, Scope
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DO_NOT_DELEGATE", "DO_NOT_DELEGATE_RULE", "tag", "tag_of", "tagged_rule"]
+__all__ = ["DO_NOT_DELEGATE", "DO_NOT_DELEGATE_RULE", "RULE", "tag", "tag_of", "tagged_rule", "tagged_violation"]
 
 DO_NOT_DELEGATE = "xnnguard_do_not_delegate"
 DO_NOT_DELEGATE_RULE = "xnnguard_do_not_delegate_rule"  # the Rule value of a tag xnnguard set
@@ -55,3 +56,20 @@ def tagged_rule(node: torch.fx.Node) -> Rule | None:
         return None
     found = _read(node, DO_NOT_DELEGATE_RULE)
     return Rule(found) if found else Rule.USER_TAG
+
+
+def tagged_violation(node: torch.fx.Node) -> str | None:
+    """The reason a tag gives (a user's is marked as theirs), or None for an untagged node."""
+    reason, rule = tag_of(node), tagged_rule(node)
+    if not reason or rule is None:
+        return None
+    return reason if rule is not Rule.USER_TAG else f"tagged by user: {reason}"
+
+
+RULE = RuleCheck(
+    Rule.USER_TAG,
+    Scope.NODE,
+    "a node tagged do-not-delegate stays out; the record names the rule that set the tag",
+    lambda node, _context: tagged_violation(node),
+    rule_of=lambda node: tagged_rule(node) or Rule.USER_TAG,
+)
