@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xnnguard-installed
 
-.PHONY: demo lint test bench compat clean
+.PHONY: demo lint test test-all bench compat clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,16 +21,23 @@ lint: $(STAMP)
 	$(PY) -m ruff check . && $(PY) -m mypy
 
 # The suite runs one pytest-xdist worker per core: most of a test is single-threaded export and lowering.
+# loadgroup: tests that share a session fixture (an xdist_group) run on one worker, so it is built once.
+# TIER picks the tests by marker (docs/testing.md): `make test` runs every tier but slow, `make test-all` all.
+TIER ?= not slow
 test: $(STAMP) lint
-	$(PY) -m pytest -q -n auto $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto --dist loadgroup -m "$(TIER)" $(PYTEST_ARGS)
+
+test-all: $(STAMP) lint
+	$(PY) -m pytest -q -n auto --dist loadgroup $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
 # `make compat`: the test suite on every supported ExecuTorch release, one venv each under .venv-compat/
 # (built once, then reused until pyproject.toml changes; torch 2.13.0 from this machine's wheel, as in
-# .venv). COMPAT_RELEASES=1.4.0 runs one; PYTEST_ARGS passes arguments to each pytest run. A test of a
-# behaviour a release lacks is skipped there with the reason (tests/compat_marks.py).
+# .venv). COMPAT_RELEASES=1.4.0 runs one; TIER picks the tests by marker (`TIER=release_sensitive`: what
+# differs between releases); PYTEST_ARGS passes arguments to each pytest run. A test of a behaviour a
+# release lacks is skipped there with the reason (tests/compat_marks.py).
 COMPAT_RELEASES ?= 1.4.0 1.4.1 1.5.0 1.5.1
 COMPAT_DIR := .venv-compat
 
@@ -44,7 +51,9 @@ $(COMPAT_DIR)/%/.xnnguard-installed: pyproject.toml
 compat: $(foreach release,$(COMPAT_RELEASES),$(COMPAT_DIR)/$(release)/.xnnguard-installed)
 	@failed=""; for release in $(COMPAT_RELEASES); do \
 	  echo "=== ExecuTorch $$release"; \
-	  $(COMPAT_DIR)/$$release/bin/python -m pytest -q -n auto -p no:cacheprovider $(PYTEST_ARGS) || failed="$$failed $$release"; \
+	  $(COMPAT_DIR)/$$release/bin/python -m pytest -q -n auto --dist loadgroup -p no:cacheprovider -m "$(TIER)" \
+	    $(PYTEST_ARGS) \
+	    || failed="$$failed $$release"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "make compat: failures on ExecuTorch$$failed"; exit 1; fi; \
 	echo "make compat: passed on ExecuTorch $(COMPAT_RELEASES)"
