@@ -296,10 +296,11 @@ def _outputs_digest(data: bytes, names: list[str]) -> str:
     """A hash of every method's outputs on the inputs ``load_and_run`` generates (seeded, so the same each time)."""
     import hashlib
 
-    from xnnguard.runtime_check.runtime_load import _inputs, _loaded_program
+    from xnnguard.boundary.runtime import load_program
+    from xnnguard.runtime_check.runtime_load import _inputs
 
     digest = hashlib.sha256()
-    program = _loaded_program(data)  # holds its own copy of the bytes
+    program = load_program(data)  # holds its own copy of the bytes
     for name in names:
         method = program.load_method(name)
         for output in method.call(_inputs(method.method_meta())):
