@@ -15,8 +15,9 @@ from contextlib import contextmanager
 
 from xnnguard import __version__
 from xnnguard.runtime_check import verify_command
+from xnnguard.third_party_logs import THIRD_PARTY_LOGGERS, quiet_third_party_loggers
 
-__all__ = ["build_parser", "main", "quiet_third_party_loggers"]
+__all__ = ["build_parser", "main", "quiet_third_party_loggers"]  # the last one re-exported: it lived here
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,22 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_THIRD_PARTY_LOGGERS = ("torch", "torchao", "executorch")
-
-
-def quiet_third_party_loggers() -> None:
-    """torch, torchao and ExecuTorch log at import about things unrelated to what a command does.
-
-    torch sets its loggers' levels when it is imported, so a command that imports it calls this again after.
-    """
-    for name in _THIRD_PARTY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 @contextmanager
 def _command_logging(verbose: bool) -> Iterator[None]:
     """Logging and warnings as a command line wants them, put back afterwards (``main`` may run in-process)."""
-    loggers = [logging.getLogger(name) for name in (*_THIRD_PARTY_LOGGERS, "xnnguard")]
+    loggers = [logging.getLogger(name) for name in (*THIRD_PARTY_LOGGERS, "xnnguard")]
     levels = [logger.level for logger in loggers]
     ours = loggers[-1]
     handler = logging.StreamHandler()

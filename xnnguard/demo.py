@@ -231,7 +231,7 @@ def _quiet_third_parties() -> Iterator[None]:
     reach stderr; the native runtime's lines are captured around each load (``captured_stderr``).
     torch is imported already (this module needs it), so the levels it sets at import are overridden.
     """
-    from xnnguard.cli import quiet_third_party_loggers
+    from xnnguard.third_party_logs import quiet_third_party_loggers
 
     with warnings.catch_warnings():
         for category in (FutureWarning, DeprecationWarning, UserWarning):
