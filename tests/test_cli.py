@@ -213,12 +213,12 @@ def test_jobs_2_and_serial_give_the_same_json(tmp_path, capsys) -> None:
 def test_the_automatic_mode_moves_a_long_check_to_workers_with_the_same_result(
     tmp_path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from xnnguard.runtime_check import verify_command
+    from xnnguard.runtime_check import verify_schedule
 
     for index, name in enumerate(["stock_float_conv_linear", "stock_rank7", "stock_qconv_linear", "stock_zoo"] * 5):
         (tmp_path / f"{index:02d}_{name}.pte").write_bytes(program(name))
     serial = json.loads(verify(capsys, str(tmp_path), "--json", "--jobs", "1")[1])
-    monkeypatch.setattr(verify_command, "_ADAPTIVE_AFTER", 0.0)  # "long" from the first file on
+    monkeypatch.setattr(verify_schedule, "_ADAPTIVE_AFTER", 0.0)  # "long" from the first file on
     assert main(["-v", "verify", str(tmp_path), "--json"]) == 1
     captured = capsys.readouterr()
     assert "moving the last 20 files to" in captured.err
