@@ -12,13 +12,22 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from xnnguard.runtime_check.checks import delegate_problems
 from xnnguard.runtime_check.define_checks import define_problems
 from xnnguard.runtime_check.kernel_limits import Dependencies, output_dependencies, unsupported_input_problems
 from xnnguard.runtime_check.missing_kernels import missing_kernel_problems, registered_operators
-from xnnguard.runtime_check.pte_reader import Method, PteReadError, PteSource, open_pte, read_program, source_name
+from xnnguard.runtime_check.pte_reader import (
+    Method,
+    Program,
+    PteReadError,
+    PteSource,
+    open_pte,
+    read_program,
+    source_name,
+)
 from xnnguard.runtime_check.report import MethodCoverage, Problem, Report
 from xnnguard.runtime_check.weights import WeightCheck, check_weights
 from xnnguard.runtime_check.xnnpack_blob import XNNPACK_BACKEND_ID, BlobFormatError, XnnGraph, read_xnnpack_blob
@@ -67,6 +76,121 @@ def warm_up() -> None:
     _schema()
 
 
+@dataclass
+class _Read:
+    """A program as the checks see it: its methods, every XNNPACK graph that could be read (by method, with
+    its delegate index), the problem of each that could not (by method and delegate index), and the
+    backends not checked."""
+
+    program: Program
+    graphs: dict[str, list[tuple[int, XnnGraph]]] = field(default_factory=dict)
+    unreadable: dict[tuple[str, int], Problem] = field(default_factory=dict)
+    other_backends: list[str] = field(default_factory=list)
+
+    def all_graphs(self) -> Iterator[tuple[str, int, XnnGraph]]:
+        for method, graphs in self.graphs.items():
+            for index, graph in graphs:
+                yield method, index, graph
+
+
+def _read(buffer: Any, name: str) -> _Read:
+    """Stage 1: the program and its XNNPACK graphs."""
+    read = _Read(read_program(buffer, name))
+    for method in read.program.methods:
+        graphs = read.graphs.setdefault(method.name, [])
+        for delegate in method.delegates:
+            if delegate.backend != XNNPACK_BACKEND_ID:
+                read.other_backends.append(delegate.backend)
+                continue
+            try:
+                graphs.append((delegate.index, read_xnnpack_blob(delegate.blob)))
+            except BlobFormatError as error:
+                message = f"the XNNPACK blob is damaged: {error}"
+                problem = Problem("blob_format", message, method=method.name, delegate=delegate.index)
+                read.unreadable[method.name, delegate.index] = problem
+    return read
+
+
+def _delegate_problems(read: _Read) -> list[Problem]:
+    """Stage 2: what the runtime checks of each XNNPACK delegate when it loads and first runs it, delegate by
+    delegate (one that cannot be read is its ``blob_format`` problem)."""
+    problems: list[Problem] = []
+    for method in read.program.methods:
+        graphs = dict(read.graphs[method.name])
+        for delegate in method.delegates:
+            if (method.name, delegate.index) in read.unreadable:
+                problems.append(read.unreadable[method.name, delegate.index])
+            elif delegate.index in graphs:
+                graph = graphs[delegate.index]
+                problems += delegate_problems(graph, delegate.calls, method.name, delegate.index)
+                problems += define_problems(graph, delegate.calls, method.name, delegate.index)
+    return problems
+
+
+def _operator_problems(read: _Read) -> tuple[list[Problem], list[str]]:
+    """Stage 3: operators outside the delegates the installed runtime has no kernel for, or whose kernel
+    cannot take the call (with a note when the kernel registry cannot be read)."""
+    methods = read.program.methods
+    dependencies: Dependencies = {}
+    for _, index, graph in read.all_graphs():
+        dependencies.update(output_dependencies(index, graph))
+    problems: list[Problem] = []
+    notes: list[str] = []
+    registered = registered_operators()
+    if registered is not None:
+        for method in methods:
+            problems += missing_kernel_problems(method, registered)
+    else:
+        notes.append("the ExecuTorch runtime's kernel registry could not be read: operators outside were not checked")
+    for method in methods:
+        problems += unsupported_input_problems(method, dependencies)
+    return problems, notes
+
+
+def _weight_check(buffer: Any, read: _Read) -> WeightCheck:
+    """Stage 4 (``weights``): every named XNNPACK constant hashed and compared with its name."""
+    check = WeightCheck()
+    for method, graphs in read.graphs.items():
+        check_weights(buffer, ((method, index, graph) for index, graph in graphs), read.program.named_data, check)
+    return check
+
+
+def _report(name: str, read: _Read, problems: list[Problem], notes: list[str], weights: WeightCheck | None) -> Report:
+    graphs = [graph for _, _, graph in read.all_graphs()]
+    return Report(
+        source=name,
+        problems=tuple(problems),
+        methods=len(read.program.methods),
+        delegates=len(graphs),
+        nodes=sum(len(graph.nodes) for graph in graphs),
+        values=sum(len(graph.values) for graph in graphs),
+        other_delegates=tuple(sorted(set(read.other_backends))),
+        coverage=tuple(
+            _coverage(method, [graph for _, graph in read.graphs[method.name]]) for method in read.program.methods
+        ),
+        weights_checked=weights.checked if weights is not None else None,
+        notes=tuple(notes),
+    )
+
+
+def _with_runtime(report: Report, source: PteSource, methods: list[str], run: bool) -> Report:
+    """Stage 5 (``load``/``run``): the real runtime's verdict, with its log."""
+    if "blob_format" in report.kinds():
+        # The runtime trusts a blob's internals more than its flatbuffer framing: do not feed it a damaged one.
+        logger.warning("%s: not loaded, an XNNPACK blob is damaged", report.source)
+        return report
+    from xnnguard.runtime_check.runtime_load import load_and_run
+
+    outcome = load_and_run(source, methods, run=run)
+    return replace(
+        report,
+        problems=report.problems + tuple(outcome.problems),
+        loaded=outcome.loaded,
+        ran=outcome.ran,
+        runtime_log=outcome.log,
+    )
+
+
 def verify_pte(
     source: PteSource, *, load: bool = False, run: bool = False, kernels: bool = True, weights: bool = False
 ) -> Report:
@@ -85,79 +209,22 @@ def verify_pte(
     """
     started = time.perf_counter()
     name = source_name(source)
-    load = load or run
-    problems: list[Problem] = []
-    coverage: list[MethodCoverage] = []
-    delegates = nodes = values = 0
-    other: list[str] = []
-    weight_check = WeightCheck() if weights else None
-    dependencies: Dependencies = {}
-    with _gc_paused(), open_pte(source) as buffer:
-        program = read_program(buffer, name)
-        methods = program.methods
-        for method in methods:
-            graphs: list[tuple[int, XnnGraph]] = []
-            for delegate in method.delegates:
-                if delegate.backend != XNNPACK_BACKEND_ID:
-                    other.append(delegate.backend)
-                    continue
-                try:
-                    graph = read_xnnpack_blob(delegate.blob)
-                except BlobFormatError as error:
-                    message = f"the XNNPACK blob is damaged: {error}"
-                    problems.append(Problem("blob_format", message, method=method.name, delegate=delegate.index))
-                    continue
-                graphs.append((delegate.index, graph))
-                dependencies.update(output_dependencies(delegate.index, graph))
-                delegates += 1
-                nodes += len(graph.nodes)
-                values += len(graph.values)
-                problems += delegate_problems(graph, delegate.calls, method.name, delegate.index)
-                problems += define_problems(graph, delegate.calls, method.name, delegate.index)
-            coverage.append(_coverage(method, [graph for _, graph in graphs]))
-            if weight_check is not None:
-                check_weights(
-                    buffer, ((method.name, index, graph) for index, graph in graphs), program.named_data, weight_check
-                )
     notes: list[str] = []
-    registered = registered_operators() if kernels else None
-    if registered is not None:
-        for method in methods:
-            problems += missing_kernel_problems(method, registered)
-    elif kernels:
-        notes.append("the ExecuTorch runtime's kernel registry could not be read: operators outside were not checked")
+    weight_check = None
+    with _gc_paused(), open_pte(source) as buffer:
+        read = _read(buffer, name)
+        problems = _delegate_problems(read)
+        if weights:
+            weight_check = _weight_check(buffer, read)
     if kernels:
-        for method in methods:
-            problems += unsupported_input_problems(method, dependencies)
+        found, notes = _operator_problems(read)
+        problems += found
     if weight_check is not None:
         problems += weight_check.problems
         notes += weight_check.notes()
-    report = Report(
-        source=name,
-        problems=tuple(problems),
-        methods=len(methods),
-        delegates=delegates,
-        nodes=nodes,
-        values=values,
-        other_delegates=tuple(sorted(set(other))),
-        coverage=tuple(coverage),
-        weights_checked=weight_check.checked if weight_check is not None else None,
-        notes=tuple(notes),
-    )
-    if load and "blob_format" in report.kinds():
-        # The runtime trusts a blob's internals more than its flatbuffer framing: do not feed it a damaged one.
-        logger.warning("%s: not loaded, an XNNPACK blob is damaged", name)
-    elif load:
-        from xnnguard.runtime_check.runtime_load import load_and_run
-
-        outcome = load_and_run(source, [method.name for method in methods], run=run)
-        report = replace(
-            report,
-            problems=report.problems + tuple(outcome.problems),
-            loaded=outcome.loaded,
-            ran=outcome.ran,
-            runtime_log=outcome.log,
-        )
+    report = _report(name, read, problems, notes, weight_check)
+    if load or run:
+        report = _with_runtime(report, source, [method.name for method in read.program.methods], run)
     logger.info("%s (%.0f ms)", report.summary(), 1000 * (time.perf_counter() - started))
     return report
 
