@@ -183,15 +183,21 @@ def _parse(path: Path, schema: Schema, raw_tables: dict[str, list[tuple[str, str
             raise SchemaError(f"{path.name}: unsupported declaration {keyword!r}")
 
 
+def _unqualified(type_name: str) -> str:
+    """``executorch_flatbuffer.ScalarType`` -> ``ScalarType``: names are unique across the schemas read here."""
+    return type_name.rsplit(".", 1)[-1]
+
+
 def _field_def(schema: Schema, name: str, type_name: str, default: str | None, slot: int) -> FieldDef:
     if type_name.startswith("["):
-        inner = type_name[1:-1]
+        inner = _unqualified(type_name[1:-1])
         if inner == "string":
             return FieldDef(name, slot, FieldKind.STRING_VECTOR)
         scalar = schema.enums[inner][0] if inner in schema.enums else inner
         if scalar in SCALAR_FORMATS:
             return FieldDef(name, slot, FieldKind.SCALAR_VECTOR, scalar_format=SCALAR_FORMATS[scalar])
         return FieldDef(name, slot, FieldKind.TABLE_VECTOR, ref=inner)
+    type_name = _unqualified(type_name)
     if type_name == "string":
         return FieldDef(name, slot, FieldKind.STRING)
     if type_name in schema.unions:
@@ -219,7 +225,7 @@ def load_schema(path: Path) -> Schema:
         layout: dict[str, FieldDef] = {}
         slot = 0
         for field_name, type_name, default, deprecated in fields:
-            is_union = type_name in schema.unions
+            is_union = _unqualified(type_name) in schema.unions
             if is_union:
                 slot += 1  # a union takes two slots: its type tag ("<name>_type"), then its value
             if not deprecated:
