@@ -52,15 +52,23 @@ REACHED: tuple[Reached, ...] = (
     # The runtime (boundary.runtime): every pybindings function is underscored, the documented ones too.
     Reached(_PYBINDINGS, "ExecuTorch's Python runtime: load and run programs for real"),
     Reached(f"{_PYBINDINGS}._load_program", "load a .pte file's methods one by one (verify --load/--run)"),
+    Reached(f"{_PYBINDINGS}.Verification", "load with InternalConsistency, the strictest level a program meets"),
     Reached(f"{_PYBINDINGS}._load_program_from_buffer", "the same from bytes (the demo, tests)"),
     Reached(f"{_PYBINDINGS}._load_for_executorch", "a Module from a file: benchmarks time forward()"),
     Reached(f"{_PYBINDINGS}._load_for_executorch_from_buffer", "a Module from bytes: lower-run-compare flows"),
     Reached(f"{_PYBINDINGS}._get_operator_names", "the kernel registry: operators with no kernel (verify)"),
+    Reached(f"{_PYBINDINGS}._get_registered_backend_names", "the backend registry: delegates no backend loads"),
     Reached(f"{_PYBINDINGS}._unsafe_reset_threadpool", "size the thread pool per verify worker and benchmark"),
     Reached("executorch.extension.pybindings._C", "in sys.modules once the runtime is loaded (registry cache)"),
     # Files inside the package (boundary.package_files), read without importing the export stack.
     Reached("file:exir/_serialize/program.fbs", "the Program flatbuffer's layout, for verify's reader"),
     Reached("file:backends/xnnpack/serialization/runtime_schema.fbs", "the XNNPACK graph's layout, for verify"),
+    Reached("file:include/executorch/runtime/executor/program.h",
+            "kMaxSupportedSchemaVersion: the newest Program version the runtime loads (absent before 1.5)"),
+    Reached("file:include/executorch/extension/flat_tensor/flat_tensor_data_map.h",
+            "kMaxSupportedSchemaVersion: the newest .ptd version the runtime loads", "1.5.1"),
+    Reached("file:extension/flat_tensor/serialize/flat_tensor.fbs",
+            "a .ptd file's layout: the named data verify --data resolves constants in"),
     Reached("file:backends/xnnpack/utils/xnnpack_constants.py", "XNN_MAX_TENSOR_DIMS and value flags, for the rules"),
     Reached("file:data/bin/flatc", "FLATC_EXECUTABLE for releases that look for flatc on PATH only"),
     # Internals of the lowering stack.

@@ -9,16 +9,21 @@ read inside it is named relative to it.
 from __future__ import annotations
 
 import importlib.util
+import re
 from functools import cache
 from pathlib import Path
 
 __all__ = [
     "FLATC",
+    "FLAT_TENSOR_HEADER",
+    "FLAT_TENSOR_SCHEMA",
+    "PROGRAM_HEADER",
     "PROGRAM_SCHEMA",
     "XNNPACK_CONSTANTS",
     "XNNPACK_SCHEMA",
     "PackageFileError",
     "executorch_dir",
+    "max_schema_version",
     "package_file",
 ]
 
@@ -26,7 +31,12 @@ __all__ = [
 PROGRAM_SCHEMA = "exir/_serialize/program.fbs"  # the Program flatbuffer (and scalar_type.fbs, included)
 XNNPACK_SCHEMA = "backends/xnnpack/serialization/runtime_schema.fbs"  # what the runtime reads of a blob
 XNNPACK_CONSTANTS = "backends/xnnpack/utils/xnnpack_constants.py"  # XNN_MAX_TENSOR_DIMS, value flags
+FLAT_TENSOR_SCHEMA = "extension/flat_tensor/serialize/flat_tensor.fbs"  # a .ptd file (external named data)
 FLATC = "data/bin/flatc"  # the wheel's own flatc, which serialization runs
+# The runtime's headers the wheel ships: the highest schema version its Program and FlatTensor loaders read.
+PROGRAM_HEADER = "include/executorch/runtime/executor/program.h"
+FLAT_TENSOR_HEADER = "include/executorch/extension/flat_tensor/flat_tensor_data_map.h"
+_SCHEMA_VERSION = re.compile(r"kMaxSupportedSchemaVersion\s*=\s*(\d+)")
 
 
 class PackageFileError(ImportError):
@@ -51,3 +61,15 @@ def package_file(relative_path: str) -> Path:
     if not path.exists():
         raise PackageFileError(f"the installed ExecuTorch has no {relative_path} ({path})")
     return path
+
+
+@cache
+def max_schema_version(header: str) -> int | None:
+    """``kMaxSupportedSchemaVersion`` in the runtime header ``header`` (``PROGRAM_HEADER``, ``FLAT_TENSOR_HEADER``):
+    the highest schema version the runtime loads (ExecuTorch 1.5.1: 0). None when the release has no such
+    limit (1.4's runtime does not check the version) or does not ship the header."""
+    try:
+        found = _SCHEMA_VERSION.search(package_file(header).read_text())
+    except (PackageFileError, OSError):
+        return None
+    return None if found is None else int(found.group(1))

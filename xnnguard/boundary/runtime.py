@@ -15,6 +15,8 @@ from typing import Any
 
 __all__ = [
     "RUNTIME_LIBRARY_DIRS",
+    "DataFileNotSupported",
+    "backend_names",
     "load_module",
     "load_program",
     "operator_names",
@@ -42,12 +44,29 @@ def runtime_imported() -> bool:
     return _NATIVE_MODULE in sys.modules
 
 
-def load_program(source: str | os.PathLike[str] | bytes) -> Any:
-    """A ``Program`` (its methods loaded one by one with ``load_method``) from a path or the bytes of a ``.pte``."""
+class DataFileNotSupported(RuntimeError):
+    """This runtime's bindings cannot be given a ``.ptd`` when they load a program (ExecuTorch 1.4's)."""
+
+
+def load_program(source: str | os.PathLike[str] | bytes, data_path: str | None = None) -> Any:
+    """A ``Program`` (its methods loaded one by one with ``load_method``) from a path or the bytes of a ``.pte``,
+    with the external named data of ``data_path`` (a ``.ptd``) when given.
+
+    Loaded with ``Verification::InternalConsistency`` (the flatbuffers verifier and ``validate_program``), as
+    the bindings' ``Module`` loads: a program that loads this way loads with ``Minimal`` too.
+    """
     runtime = pybindings()
-    if isinstance(source, (str, os.PathLike)):
-        return runtime._load_program(os.fspath(source))
-    return runtime._load_program_from_buffer(bytes(source))
+    options: dict[str, Any] = {"program_verification": runtime.Verification.InternalConsistency}
+    if data_path is not None:
+        options["data_path"] = data_path
+    try:
+        if isinstance(source, (str, os.PathLike)):
+            return runtime._load_program(os.fspath(source), **options)
+        return runtime._load_program_from_buffer(bytes(source), **options)
+    except TypeError as error:  # 1.4's bindings have no data_path argument
+        if data_path is not None and "incompatible function arguments" in str(error):
+            raise DataFileNotSupported("this ExecuTorch runtime cannot load a program with a .ptd file") from None
+        raise
 
 
 def load_module(source: str | os.PathLike[str] | bytes) -> Any:
@@ -61,6 +80,11 @@ def load_module(source: str | os.PathLike[str] | bytes) -> Any:
 def operator_names() -> frozenset[str]:
     """The operators the runtime has kernels registered for (``aten::add.out``, ...)."""
     return frozenset(pybindings()._get_operator_names())
+
+
+def backend_names() -> frozenset[str]:
+    """The backends registered in the runtime (``XnnpackBackend``, ...), available here or not."""
+    return frozenset(pybindings()._get_registered_backend_names())
 
 
 def reset_threadpool(threads: int) -> None:
