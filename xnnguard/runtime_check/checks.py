@@ -21,7 +21,17 @@ from xnnguard.runtime_check.pte_reader import DelegateCall
 from xnnguard.runtime_check.report import Problem
 from xnnguard.runtime_check.xnnpack_blob import XnnGraph, XnnNode, XnnValue
 
-__all__ = ["dataflow_graph", "dataflow_problems", "delegate_problems", "extern_id_problems", "rank_problems"]
+__all__ = [
+    "MAX_EXTERNS",
+    "dataflow_graph",
+    "dataflow_problems",
+    "delegate_problems",
+    "extern_id_problems",
+    "rank_problems",
+]
+
+
+MAX_EXTERNS = 4096  # XNNCompiler.cpp:2194-2200: more is taken for a damaged graph
 
 
 def _value_key(value_id: int) -> tuple[str, int]:
@@ -149,6 +159,12 @@ def extern_id_problems(graph: XnnGraph, calls: tuple[DelegateCall, ...], method:
     """Each external id in ``[0, num_externs)`` binds exactly one value to one DelegateCall argument."""
     at = _at(method, delegate, None)
     problems = []
+    if graph.num_externs > MAX_EXTERNS:
+        message = (
+            f"declares {graph.num_externs} external values, more than the {MAX_EXTERNS} the runtime accepts: "
+            "the runtime fails to load the method"
+        )
+        problems.append(Problem("extern_ids", message, **at))
     externals = [v for v in graph.values if v.is_external_input or v.is_external_output]
     uses = Counter(v.external_id for v in externals)
     for value in externals:

@@ -64,7 +64,7 @@ class Region:
 class TableView:
     """One table: ``view.scalar("num_externs")``, ``view.tables("xnodes")``, ``view.union("xnode_union")``."""
 
-    __slots__ = ("region", "pos", "vtable", "vtable_size", "table_size", "fields", "schema", "name")
+    __slots__ = ("region", "pos", "vtable", "vtable_size", "fields", "schema", "name")
 
     def __init__(self, region: Region, pos: int, name: str, schema: Schema) -> None:
         self.region = region
@@ -74,22 +74,18 @@ class TableView:
         self.fields: dict[str, FieldDef] = schema.tables[name]
         self.vtable = pos - region.unpack(_I32, pos)
         self.vtable_size = region.unpack(_U16, self.vtable)
-        self.table_size = region.unpack(_U16, self.vtable + 2)
-        if self.vtable_size < 4 or self.vtable_size % 2:
+        if self.vtable_size % 2:
             raise FlatbufferError(f"{region.what}: {name} at {pos} has a bad vtable size {self.vtable_size}")
         region.check(self.vtable, self.vtable_size)
-        region.check(pos, max(self.table_size, 4))
 
     def _field_pos(self, slot: int) -> int | None:
+        """Where a field's bytes start, None when it is absent. As in the runtime, a field may lie anywhere
+        in the flatbuffer (the table's own size is not a bound): reads check the region, not the table."""
         entry = 4 + 2 * slot
         if entry + 2 > self.vtable_size:
             return None
         offset = _U16.unpack_from(self.region.buffer, self.vtable + entry)[0]  # vtable range checked in __init__
-        if offset == 0:
-            return None
-        if offset + 1 > self.table_size:
-            raise FlatbufferError(f"{self.region.what}: field {slot} of {self.name} at {self.pos} lies past the table")
-        return self.pos + offset
+        return None if offset == 0 else self.pos + offset
 
     def _field(self, name: str) -> FieldDef:
         return self.fields[name]
@@ -119,8 +115,7 @@ class TableView:
         return [start + size * index for index in range(length)]
 
     def scalar(self, name: str) -> Any:
-        # The hot path of reading a big delegate: the table's bytes were checked to lie in the region when
-        # the view was made, so a field that lies in the table needs no further bounds check.
+        # The hot path of reading a big delegate: one bounds check of the field's own bytes.
         field = self.fields[name]
         entry = 4 + 2 * field.slot
         if entry + 2 > self.vtable_size:
@@ -129,9 +124,10 @@ class TableView:
         if offset == 0:
             return field.default
         fmt = _struct(field.scalar_format)
-        if offset + fmt.size > self.table_size:
-            raise FlatbufferError(f"{self.region.what}: field {name} of {self.name} at {self.pos} lies past the table")
-        return fmt.unpack_from(self.region.buffer, self.pos + offset)[0]
+        pos = self.pos + offset
+        if pos + fmt.size > self.region.end:
+            raise FlatbufferError(f"{self.region.what}: field {name} of {self.name} at {self.pos} lies past the end")
+        return fmt.unpack_from(self.region.buffer, pos)[0]
 
     def _indirect(self, pos: int) -> int:
         return pos + self.region.unpack(_U32, pos)
@@ -146,8 +142,16 @@ class TableView:
         return "" if pos is None else self._string_at(self._indirect(pos))
 
     def _string_at(self, pos: int) -> str:
+        return self._raw_string_at(pos).decode("utf-8", errors="replace")
+
+    def _raw_string_at(self, pos: int) -> bytes:
         length = self.region.unpack(_U32, pos)
-        return self.region.bytes_at(pos + 4, length).decode("utf-8", errors="replace")
+        return self.region.bytes_at(pos + 4, length)
+
+    def raw_string(self, name: str) -> bytes:
+        """A string field's bytes as stored (``string`` decodes them, replacing what is not UTF-8)."""
+        pos = self._field_pos(self._field(name).slot)
+        return b"" if pos is None else self._raw_string_at(self._indirect(pos))
 
     def _vector(self, name: str, element_size: int) -> tuple[int, int]:
         """(position of element 0, length); the whole vector is checked to lie in the region."""

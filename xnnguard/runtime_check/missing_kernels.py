@@ -1,4 +1,5 @@
-"""Operators a method calls outside its delegates that the installed runtime has no kernel for.
+"""Operators a method calls outside its delegates that the installed runtime has no kernel for, and
+delegates of a backend it does not register.
 
 Found today only when the method is loaded (``kernel 'aten::max_pool3d_with_indices.out' not found``);
 the runtime's registry can be asked up front. The installed runtime is ExecuTorch's Python runtime
@@ -26,19 +27,25 @@ from functools import cache
 from pathlib import Path
 
 from xnnguard.boundary.package_files import executorch_dir
-from xnnguard.boundary.runtime import RUNTIME_LIBRARY_DIRS, operator_names, runtime_imported
+from xnnguard.boundary.runtime import RUNTIME_LIBRARY_DIRS, backend_names, operator_names, runtime_imported
 from xnnguard.runtime_check.pte_reader import Method
 from xnnguard.runtime_check.report import Problem
 
-__all__ = ["missing_kernel_problems", "registered_operators", "runtime_fingerprint"]
+__all__ = [
+    "missing_backend_problems",
+    "missing_kernel_problems",
+    "registered_backends",
+    "registered_operators",
+    "runtime_fingerprint",
+]
 
 logger = logging.getLogger("xnnguard.runtime_check")
 
 _PRINT_REGISTRY = (
     "import json, sys, warnings\n"
     "warnings.simplefilter('ignore')\n"
-    "from xnnguard.runtime_check.missing_kernels import _live_registry\n"
-    "json.dump(sorted(_live_registry()), sys.stdout)\n"
+    "from xnnguard.runtime_check.missing_kernels import _live_backends, _live_registry\n"
+    "json.dump({'operators': sorted(_live_registry()), 'backends': sorted(_live_backends())}, sys.stdout)\n"
 )
 
 
@@ -48,6 +55,14 @@ def _live_registry() -> frozenset[str]:
 
     import_runtime()  # with its quantized kernels registered
     return operator_names()
+
+
+def _live_backends() -> frozenset[str]:
+    """The backends registered in the runtime imported into this process (imports it if needed)."""
+    from xnnguard.runtime_check.runtime_load import import_runtime
+
+    import_runtime()
+    return backend_names()
 
 
 def runtime_fingerprint() -> str | None:
@@ -73,7 +88,13 @@ def _cache_directory() -> Path:
 
 
 def _registry_from_child() -> frozenset[str] | None:
-    """Ask a child process (which imports the runtime there, not here)."""
+    """Ask a child process (which imports the runtime there, not here) for its operators."""
+    found = _registries_from_child()
+    return None if found is None else found[0]
+
+
+def _registries_from_child() -> tuple[frozenset[str], frozenset[str]] | None:
+    """Ask a child process for its operators and its backends."""
     try:
         result = subprocess.run(
             [sys.executable, "-c", _PRINT_REGISTRY],
@@ -83,8 +104,9 @@ def _registry_from_child() -> frozenset[str] | None:
             check=True,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
         )
-        return frozenset(json.loads(result.stdout))
-    except (OSError, subprocess.SubprocessError, ValueError) as error:
+        found = json.loads(result.stdout)
+        return frozenset(found["operators"]), frozenset(found["backends"])
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as error:
         logger.warning("cannot read the ExecuTorch runtime's kernel registry (%s); kernel check skipped", error)
         return None
 
@@ -101,24 +123,70 @@ def _store(path: Path, names: frozenset[str]) -> None:
 
 
 @cache
-def registered_operators() -> frozenset[str] | None:
-    """Names (``"aten::add.out"``) of every operator the installed runtime has a kernel for; None without a runtime."""
+def _registries() -> tuple[frozenset[str], frozenset[str] | None] | None:
+    """(operators, backends) of the installed runtime: from this process if it has the runtime, else from the
+    cache files, else from a child (then cached). Backends are None when only an older cache has operators."""
     if runtime_imported():
-        return _live_registry()
+        return _live_registry(), _live_backends()
     fingerprint = runtime_fingerprint()
     if fingerprint is None:
         logger.warning("no ExecuTorch runtime to ask for kernels; kernel check skipped")
         return None
-    path = _cache_directory() / f"kernels-{fingerprint}.json"
+    operators_path = _cache_directory() / f"kernels-{fingerprint}.json"
+    backends_path = _cache_directory() / f"backends-{fingerprint}.json"
     with suppress(OSError, ValueError):
-        names = frozenset(json.loads(path.read_text()))
-        logger.debug("kernel registry from %s", path)
-        return names
-    logger.info("reading the ExecuTorch runtime's kernel registry once (cached in %s)", path.parent)
-    found = _registry_from_child()
+        names = frozenset(json.loads(operators_path.read_text()))
+        logger.debug("kernel registry from %s", operators_path)
+        backends = None
+        with suppress(OSError, ValueError):
+            backends = frozenset(json.loads(backends_path.read_text()))
+        if backends is not None:
+            return names, backends
+    logger.info("reading the ExecuTorch runtime's kernel registry once (cached in %s)", operators_path.parent)
+    found = _registries_from_child()
     if found is not None:
-        _store(path, found)
+        _store(operators_path, found[0])
+        _store(backends_path, found[1])
     return found
+
+
+def registered_operators() -> frozenset[str] | None:
+    """Names (``"aten::add.out"``) of every operator the installed runtime has a kernel for; None without a runtime."""
+    found = _registries()
+    return None if found is None else found[0]
+
+
+def registered_backends() -> frozenset[str] | None:
+    """Names (``"XnnpackBackend"``) of every backend the installed runtime registers; None without a runtime."""
+    found = _registries()
+    return None if found is None else found[1]
+
+
+def _looks_damaged(backend: str, registered: frozenset[str]) -> bool:
+    """A backend id that is not printable ASCII, or one byte off a registered one (``XnnpackBackenc``)."""
+    if not backend.isascii() or not backend.isprintable():
+        return True
+    return any(
+        len(name) == len(backend) and sum(a != b for a, b in zip(name, backend)) == 1 for name in registered
+    )
+
+
+def missing_backend_problems(method: Method, registered: frozenset[str]) -> list[Problem]:
+    """Delegates whose backend id is a damaged one: the runtime registers no such backend, so loading the
+    method fails ("Backend %s is not registered", ``method.cpp:84``). An id the runtime does not register but
+    that looks like another backend's name (a runtime built for a device has backends this one lacks) is not
+    a problem: such delegates are listed as not checked."""
+    return [
+        Problem(
+            "missing_backend",
+            f"delegate {delegate.index} is for backend {delegate.backend!r}, which the runtime does not register "
+            "(a damaged id): loading the method fails",
+            method=method.name,
+            delegate=delegate.index,
+        )
+        for delegate in method.delegates
+        if delegate.backend not in registered and _looks_damaged(delegate.backend, registered)
+    ]
 
 
 def missing_kernel_problems(method: Method, registered: frozenset[str]) -> list[Problem]:

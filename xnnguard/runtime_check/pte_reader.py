@@ -10,15 +10,16 @@ from __future__ import annotations
 import mmap
 import os
 import stat
-import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from xnnguard.boundary.package_files import PROGRAM_SCHEMA
 from xnnguard.runtime_check.fbs_schema import Schema, executorch_schema
-from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView, root_table
+from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView
+from xnnguard.runtime_check.method_load import method_load_failures
+from xnnguard.runtime_check.program_structure import ProgramLayout, ProgramRejected, check_program, program_layout
 
 __all__ = [
     "Delegate",
@@ -26,6 +27,7 @@ __all__ = [
     "KernelCall",
     "Method",
     "NamedData",
+    "NamedDataEntry",
     "Program",
     "PteReadError",
     "PteSource",
@@ -38,9 +40,6 @@ __all__ = [
 
 PteSource = str | os.PathLike | bytes | bytearray | memoryview
 
-_PROGRAM_IDENTIFIER = b"ET12"
-_EXTENDED_HEADER_MAGIC = b"eh00"
-_EXTENDED_HEADER_MIN_LENGTH = 24  # magic, length, program_size, segment_base_offset
 _DATA_LOCATION_INLINE = 0
 
 
@@ -110,6 +109,7 @@ class Method:
     name: str
     delegates: tuple[Delegate, ...]
     kernel_calls: tuple[KernelCall, ...] = ()
+    planned_buffers: tuple[int, ...] = ()  # bytes of each buffer ExecuTorch's memory plan allocates (may be < 0)
 
     @property
     def kernel_operators(self) -> tuple[str, ...]:
@@ -127,11 +127,32 @@ class NamedData:
 
 
 @dataclass(frozen=True)
+class NamedDataEntry:
+    """One entry of the program's ``named_data``, as the runtime searches them: the key's bytes (None: the
+    entry has no key) and the segment it names (which may not exist)."""
+
+    key: bytes | None
+    segment_index: int
+
+
+@dataclass(frozen=True)
 class Program:
-    """What the verifier reads of a program: its methods and its named data (where, never the bytes)."""
+    """What the verifier reads of a program: its methods and its named data (where, never the bytes).
+
+    ``named_data`` maps each key to the bytes the runtime finds for it (the first entry of that key, whose
+    segment lies in the file); ``named_entries`` lists every entry as the runtime searches them, and
+    ``segments`` each segment's (offset from ``layout.segment_base``, size). ``has_named_data`` is False
+    when the program has no ``named_data`` table at all (the runtime then has no named-data map).
+    """
 
     methods: list[Method]
     named_data: dict[str, NamedData]
+    named_entries: tuple[NamedDataEntry, ...] = ()
+    segments: tuple[tuple[int, int], ...] = ()
+    has_named_data: bool = False
+    layout: ProgramLayout | None = None
+    load_failures: dict[str, str] = field(default_factory=dict)  # method -> why the runtime cannot load it
+    external_constants: dict[str, tuple[bytes, ...]] = field(default_factory=dict)  # method -> .ptd keys it needs
 
 
 def _program_schema() -> Schema:
@@ -170,30 +191,6 @@ def open_pte(source: PteSource) -> Iterator[Any]:
         yield mapped
     finally:
         mapped.close()
-
-
-def _program_region(buffer: Any, name: str) -> tuple[Region, int]:
-    """The Program flatbuffer's region and the segment base offset (0 without an extended header)."""
-    size = len(buffer)
-    if size == 0:
-        raise PteReadError(name, "empty file")
-    if size < 8 or bytes(buffer[4:8]) != _PROGRAM_IDENTIFIER:
-        found = bytes(buffer[4:8]) if size >= 8 else b""
-        raise PteReadError(
-            name,
-            f"not an ExecuTorch program (no {_PROGRAM_IDENTIFIER.decode()} identifier at bytes 4..8"
-            f"{f', found {found!r}' if found else ''})",
-        )
-    program_size, segment_base = size, 0
-    if size >= 8 + _EXTENDED_HEADER_MIN_LENGTH and bytes(buffer[8:12]) == _EXTENDED_HEADER_MAGIC:
-        header_length, program_size, segment_base = struct.unpack_from("<IQQ", buffer, 12)
-        if header_length < _EXTENDED_HEADER_MIN_LENGTH:
-            raise PteReadError(name, f"extended header length {header_length} is too small")
-        if not 8 + header_length <= program_size <= size:
-            raise PteReadError(name, f"extended header says the program has {program_size} bytes, file has {size}")
-        if segment_base and not program_size <= segment_base <= size:
-            raise PteReadError(name, f"segment base offset {segment_base} lies outside the file ({size} bytes)")
-    return Region(buffer, 0, program_size, "flatbuffer"), segment_base
 
 
 def _blob_region(program: TableView, reference: TableView | None, segment_base: int, name: str) -> Region:
@@ -312,38 +309,68 @@ def _method(plan: TableView, program: TableView, segment_base: int, name: str) -
         )
         for index, delegate in enumerate(plan.tables("delegates"))
     )
-    return Method(plan.string("name"), delegates, tuple(kernel_calls))
+    planned = tuple(plan.scalars("non_const_buffer_sizes"))[1:]  # entry 0 is reserved
+    return Method(plan.string("name"), delegates, tuple(kernel_calls), planned)
 
 
-def _named_data(program: TableView, segment_base: int) -> dict[str, NamedData]:
-    """Key -> where its bytes are in the file (segments are checked to lie in the file already)."""
-    segments = program.tables("segments")
+def _named_entries(program: TableView) -> tuple[NamedDataEntry, ...]:
+    return tuple(
+        NamedDataEntry(entry.raw_string("key") if entry.has("key") else None, entry.scalar("segment_index"))
+        for entry in program.tables("named_data")
+    )
+
+
+def _named_data(
+    entries: tuple[NamedDataEntry, ...], segments: tuple[tuple[int, int], ...], segment_base: int
+) -> dict[str, NamedData]:
+    """Key -> where its bytes are in the file, for the entries the runtime can load (the first of a key)."""
     found: dict[str, NamedData] = {}
-    for entry in program.tables("named_data"):
-        index = entry.scalar("segment_index")
-        if index >= len(segments):
-            raise FlatbufferError(
-                f"named data {entry.string('key')!r} is in segment {index}, there are {len(segments)}"
-            )
-        segment = segments[index]
-        found.setdefault(
-            entry.string("key"),
-            NamedData(entry.string("key"), segment_base + segment.scalar("offset"), segment.scalar("size")),
-        )
+    for entry in entries:
+        if entry.key is None or entry.segment_index >= len(segments):
+            continue
+        offset, size = segments[entry.segment_index]
+        key = entry.key.decode("utf-8", errors="replace")
+        found.setdefault(key, NamedData(key, segment_base + offset, size))
     return found
 
 
 def read_program(buffer: Any, name: str) -> Program:
-    """The methods and named data of the program in ``buffer``; raises ``PteReadError`` naming ``name``."""
-    region, segment_base = _program_region(buffer, name)
+    """The methods and named data of the program in ``buffer``; raises ``PteReadError`` naming ``name``.
+
+    First what ``Program::load`` checks (``program_structure``): a program it refuses is not readable.
+    """
+    if len(buffer) == 0:
+        raise PteReadError(name, "empty file")
     try:
-        program = root_table(region, "Program", _program_schema())
+        layout = program_layout(buffer)
+    except ProgramRejected as rejected:
+        raise PteReadError(name, str(rejected)) from None
+    try:
+        program = check_program(buffer, layout, _program_schema())
+    except ProgramRejected as rejected:
+        raise PteReadError(name, f"damaged program: {rejected}") from None
+    segment_base = layout.segment_base
+    try:
+        load = method_load_failures(program, layout)
+        if load.aborts is not None:
+            raise PteReadError(name, f"damaged program: {load.aborts}")
         _check_segments(program, segment_base, len(buffer))
         plans = program.tables("execution_plan")
         if not plans:
             raise FlatbufferError("the program has no execution plan (method)")
         methods = [_method(plan, program, segment_base, name) for plan in plans]
-        return Program(methods, _named_data(program, segment_base))
+        segments = tuple((segment.scalar("offset"), segment.scalar("size")) for segment in program.tables("segments"))
+        entries = _named_entries(program)
+        return Program(
+            methods,
+            _named_data(entries, segments, segment_base),
+            entries,
+            segments,
+            program.has("named_data"),
+            layout,
+            load.failures,
+            load.external,
+        )
     except FlatbufferError as error:
         raise PteReadError(name, f"damaged program: {error}") from None
 

@@ -24,12 +24,14 @@ from xnnguard.boundary.xnnpack_constants import (
     XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
 )
 from xnnguard.runtime_check.fbs_schema import FieldKind, Schema, executorch_schema
+from xnnguard.runtime_check.flatbuffer_verifier import FlatbufferRejected, verify_flatbuffer
 from xnnguard.runtime_check.flatbuffer_view import FlatbufferError, Region, TableView, root_table
 
 __all__ = [
     "XNNPACK_BACKEND_ID",
     "BlobFormatError",
     "ConstantData",
+    "GraphRejected",
     "PerChannelGroupQuant",
     "PerChannelQuant",
     "PerTensorQuant",
@@ -46,7 +48,8 @@ __all__ = [
 XNNPACK_BACKEND_ID = "XnnpackBackend"
 _HEADER_MAGIC = b"XH00"
 _HEADER_LAYOUT = struct.Struct("<HIIIQ")  # header length, flatbuffer offset, size, constant offset, size
-_HEADER_USED = 8 + _HEADER_LAYOUT.size
+_HEADER_USED = 8 + _HEADER_LAYOUT.size  # XNNHeader::kMinSize, 30
+_MIN_FLATBUFFER_SIZE = 8  # a root offset and an identifier
 _IDENTIFIERS = (b"XN01", b"XN00")
 _CONCATENATE = re.compile(r"XNNConcatenate(\d+)$")
 _DATATYPE_PREFIX = "xnn_datatype_"
@@ -54,6 +57,16 @@ _DATATYPE_PREFIX = "xnn_datatype_"
 
 class BlobFormatError(ValueError):
     """The bytes are not a readable XNNPACK graph."""
+
+
+class GraphRejected(BlobFormatError):
+    """The runtime's flatbuffers verifier rejects the graph (``XNNCompiler.cpp:2171``): ``path`` names the
+    table and field where it stops (``XNNGraph.xvalues[3].xvalue_union(XNNTensorValue).dims``)."""
+
+    def __init__(self, rejected: FlatbufferRejected) -> None:
+        super().__init__(str(rejected))
+        self.path = rejected.path
+        self.reason = rejected.reason
 
 
 @dataclass(frozen=True)
@@ -142,6 +155,7 @@ class ConstantData:
     offset: int
     size: int
     named_key: str | None  # None: the field is absent (XNNCompiler then reads the blob's constant section)
+    raw_key: bytes | None = None  # the key's bytes as stored (named_key replaces what is not UTF-8)
 
 
 @dataclass(frozen=True)
@@ -272,35 +286,66 @@ def _node(index: int, view: TableView) -> XnnNode:
     return XnnNode(index, op, inputs, outputs, ids, params, output_min_max, view.scalar("debug_handle"))
 
 
+def _constant_data(entry: TableView) -> ConstantData:
+    if not entry.has("named_key"):
+        return ConstantData(entry.scalar("offset"), entry.scalar("size"), None)
+    raw = entry.raw_string("named_key")
+    return ConstantData(entry.scalar("offset"), entry.scalar("size"), raw.decode("utf-8", errors="replace"), raw)
+
+
 def _flatbuffer_region(blob: Region) -> tuple[Region, int | None]:
-    """The flatbuffer's region and the size of the constant section the header declares (None: no header)."""
+    """The flatbuffer's region and the size of the constant section the header declares (None: no header).
+
+    What ``XNNHeader::Parse`` and ``XNNCompiler::compileModel`` check before they verify the flatbuffer
+    (``XNNHeader.cpp:44-105``, ``XNNCompiler.cpp:2133-2168``), no more: a blob of at least 30 bytes; with the
+    ``XH00`` magic, a flatbuffer of at least 8 bytes inside the blob and a constant section inside it too,
+    after the flatbuffer (the header's own length field is not read); an ``XN00`` or ``XN01`` identifier.
+    """
     size = blob.end - blob.start
-    magic = blob.bytes_at(blob.start + 4, 4) if size >= 8 else b""
+    if size < _HEADER_USED:  # Parse refuses it before it looks for the magic: "XNNHeader may be corrupt"
+        raise BlobFormatError(f"the blob has {size} bytes, fewer than the {_HEADER_USED} the runtime reads first")
     constant_size: int | None = None
-    if magic == _HEADER_MAGIC:
-        if size < _HEADER_USED:
-            raise BlobFormatError(f"XNNPACK header is cut off ({size} bytes)")
-        header_length, offset, length, _, constant_size = _HEADER_LAYOUT.unpack_from(blob.buffer, blob.start + 8)
-        if header_length < _HEADER_USED or offset < header_length or offset + length > size:
+    if blob.bytes_at(blob.start + 4, 4) == _HEADER_MAGIC:
+        _, offset, length, constant_offset, constant_size = _HEADER_LAYOUT.unpack_from(blob.buffer, blob.start + 8)
+        if length < _MIN_FLATBUFFER_SIZE:
+            raise BlobFormatError(f"XNNPACK header gives the graph {length} bytes, fewer than {_MIN_FLATBUFFER_SIZE}")
+        if offset + length > size:
             raise BlobFormatError(
-                f"XNNPACK header puts the graph at bytes {offset}..{offset + length} of a {size}-byte blob "
-                f"(header length {header_length})"
+                f"XNNPACK header puts the graph at bytes {offset}..{offset + length} of a {size}-byte blob"
+            )
+        if constant_offset + constant_size > size or constant_offset < offset + length:
+            raise BlobFormatError(
+                f"XNNPACK header puts the constant data at bytes {constant_offset}..{constant_offset + constant_size} "
+                f"of a {size}-byte blob whose graph is at bytes {offset}..{offset + length}"
             )
         flatbuffer = Region(blob.buffer, blob.start + offset, blob.start + offset + length, blob.what)
     else:
         flatbuffer = Region(blob.buffer, blob.start, blob.end, blob.what)
-    found = flatbuffer.bytes_at(flatbuffer.start + 4, 4) if flatbuffer.end - flatbuffer.start >= 8 else b""
+    found = flatbuffer.bytes_at(flatbuffer.start + 4, 4)
     if found not in _IDENTIFIERS:
-        raise BlobFormatError(
-            f"not an XNNPACK graph (no XH00 header and no XN01/XN00 identifier{f', found {found!r}' if found else ''})"
-        )
+        raise BlobFormatError(f"not an XNNPACK graph (no XH00 header and no XN01/XN00 identifier, found {found!r})")
     return flatbuffer, constant_size
+
+
+def _verified_root(blob: Region) -> tuple[TableView, int | None]:
+    """The root ``XNNGraph`` table, once the runtime's flatbuffers verifier would accept the graph, and the
+    constant section's size; raises ``GraphRejected`` where the verifier would stop."""
+    region, constant_size = _flatbuffer_region(blob)
+    try:
+        verify_flatbuffer(region.buffer, region.start, region.end, "XNNGraph", _schema())
+    except FlatbufferRejected as rejected:
+        raise GraphRejected(rejected) from None
+    graph = root_table(region, "XNNGraph", _schema())
+    missing = [name for name in ("xvalues", "xnodes") if not graph.has(name)]
+    if missing:  # XNNCompiler.cpp:2177-2182
+        raise BlobFormatError(f"the graph has no {' and no '.join(missing)}: the runtime refuses it")
+    return graph, constant_size
 
 
 def graph_table(blob: Region) -> TableView:
     """The root ``XNNGraph`` table of ``blob``, for readers that need field positions (tests mutate them)."""
     try:
-        return root_table(_flatbuffer_region(blob)[0], "XNNGraph", _schema())
+        return _verified_root(blob)[0]
     except FlatbufferError as error:
         raise BlobFormatError(str(error)) from None
 
@@ -308,19 +353,13 @@ def graph_table(blob: Region) -> TableView:
 def read_xnnpack_blob(blob: Region) -> XnnGraph:
     """The graph in ``blob``; raises ``BlobFormatError`` saying what is damaged."""
     try:
-        region, constant_size = _flatbuffer_region(blob)
-        graph = root_table(region, "XNNGraph", _schema())
+        graph, constant_size = _verified_root(blob)
         return XnnGraph(
             num_externs=graph.scalar("num_externs"),
             values=tuple(_value(view) for view in graph.tables("xvalues")),
             nodes=tuple(_node(index, view) for index, view in enumerate(graph.tables("xnodes"))),
             constant_data=tuple(
-                ConstantData(
-                    entry.scalar("offset"),
-                    entry.scalar("size"),
-                    entry.string("named_key") if entry.has("named_key") else None,
-                )
-                for entry in graph.tables("constant_data")
+                _constant_data(entry) for entry in graph.tables("constant_data")
             ),
             constant_buffers=graph.vector_length("constant_buffer"),
             constant_region_size=constant_size or 0,
