@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "MethodCoverage", "Problem", "Report"]
+__all__ = ["KINDS", "MethodCoverage", "MethodMemory", "Problem", "Report", "format_bytes"]
 
 # Every kind of problem, with what it means. The static ones are decided by the blob and program alone.
 KINDS: dict[str, str] = {
@@ -14,15 +14,20 @@ KINDS: dict[str, str] = {
     "unwritten_output": "a delegate output nothing writes",
     "extern_ids": "delegate inputs and outputs not bound one-to-one to the call's arguments",
     "blob_format": "the XNNPACK blob cannot be read",
+    "flatbuffer": "an XNNPACK graph the runtime's flatbuffers verifier rejects (it names the table and field)",
     "value_def": "a value XNNPACK cannot define (flags, duplicate ids, dynamic quantization)",
     "datatype": "datatypes a node or value does not take, or that differ from the bound tensor",
     "quant_params": "a quantized output whose input does not share its scale and zero point",
     "quant_range": "a zero point, scale, channel dim or requantization scale out of range",
     "node_params": "a node parameter out of range (kernel, stride, perm, paddings, flags, clamp)",
     "shape": "shapes XNNPACK's reshape rejects at the first run, or data smaller than a tensor",
+    "allocation": "a buffer no device can allocate (or more memory than --max-memory)",
     "constants": "a constant entry that does not exist or lies outside its data",
+    "named_data": "a constant's key the runtime does not find in the named data (or --data file), or cannot load",
+    "method_load": "a method whose values, instructions or delegates the runtime cannot load from the Program",
     "unsupported_node": "a node type the runtime cannot build",
     "missing_kernel": "an operator outside the delegates the runtime has no kernel for",
+    "missing_backend": "a delegate whose backend id is damaged: the runtime registers no such backend",
     "unsupported_input": "a kernel the runtime has that cannot take the call's inputs",
     "weights": "constant bytes that do not hash to their name (with --weights)",
     "unreadable": "the file is not a readable program",
@@ -34,6 +39,18 @@ KINDS: dict[str, str] = {
 
 def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'s' * (number != 1)}"
+
+
+_UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def format_bytes(size: float) -> str:
+    """``1536`` -> ``1.5 KiB``; bytes below a KiB as they are."""
+    unit = 0
+    while size >= 1024 and unit < len(_UNITS) - 1:
+        size /= 1024
+        unit += 1
+    return f"{size:.0f} bytes" if unit == 0 else f"{size:.3g} {_UNITS[unit]}"
 
 
 @dataclass(frozen=True)
@@ -128,6 +145,48 @@ class MethodCoverage:
 
 
 @dataclass(frozen=True)
+class MethodMemory:
+    """What one method needs at least, in bytes, from the sizes in the file (``runtime_check.allocations``).
+
+    ``planned``: the buffers of ExecuTorch's memory plan; ``xnnpack``: XNNPACK's intermediate tensors live at
+    its busiest node (its workspace is at least that); ``weights``: the constants XNNPACK copies into its own
+    buffers; ``largest``: the largest single buffer among them. ``peak`` is their sum, all held at once.
+    """
+
+    method: str
+    planned: int
+    xnnpack: int
+    weights: int
+    largest: int
+
+    @property
+    def peak(self) -> int:
+        return self.planned + self.xnnpack + self.weights
+
+    def describe(self) -> str:
+        return (
+            f"planned {format_bytes(self.planned)}, XNNPACK tensors {format_bytes(self.xnnpack)}, "
+            f"XNNPACK weights {format_bytes(self.weights)}"
+        )
+
+    def line(self) -> str:
+        return (
+            f"{self.method}: needs at least {format_bytes(self.peak)} of memory ({self.describe()}; "
+            f"largest buffer {format_bytes(self.largest)})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "peak_bytes": self.peak,
+            "planned_bytes": self.planned,
+            "xnnpack_tensor_bytes": self.xnnpack,
+            "xnnpack_weight_bytes": self.weights,
+            "largest_buffer_bytes": self.largest,
+        }
+
+
+@dataclass(frozen=True)
 class Report:
     """The verdict on one program: ``ok`` when no problem was found, and what was looked at.
 
@@ -147,6 +206,7 @@ class Report:
     coverage: tuple[MethodCoverage, ...] = ()
     weights_checked: int | None = None  # named constants whose bytes were hashed; None: not asked for
     notes: tuple[str, ...] = ()  # what could not be checked, in a sentence each
+    memory: tuple[MethodMemory, ...] = ()  # what each method needs at least
     runtime_log: str = field(default="", repr=False)
 
     @classmethod
@@ -192,6 +252,7 @@ class Report:
             return self.summary()
         lines = [self.summary(), *(f"  {problem}" for problem in self.problems)]
         lines += [f"  {line}" for coverage in self.coverage for line in coverage.lines()]
+        lines += [f"  {memory.line()}" for memory in self.memory]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -203,4 +264,5 @@ class Report:
         data["other_delegates"] = list(self.other_delegates)
         data["coverage"] = [coverage.to_dict() for coverage in self.coverage]
         data["notes"] = list(self.notes)
+        data["memory"] = [memory.to_dict() for memory in self.memory]
         return data

@@ -142,9 +142,9 @@ def import_runtime() -> Any:
     return portable_lib
 
 
-def _loaded_program(source: Any) -> Any:
+def _loaded_program(source: Any, data_path: str | None) -> Any:
     import_runtime()  # with its quantized kernels registered, and its import noise captured
-    return load_program(source)
+    return load_program(source, data_path)
 
 
 def _failure(kind: str, what: str, error: BaseException, log: str, method: str | None = None) -> Problem:
@@ -152,13 +152,14 @@ def _failure(kind: str, what: str, error: BaseException, log: str, method: str |
     return Problem(kind, f"{what}: {error}" + (f" ({explanation})" if explanation else ""), method=method)
 
 
-def load_and_run(source: Any, method_names: list[str], *, run: bool) -> RuntimeOutcome:
-    """Load every method of ``source`` (a path or bytes); with ``run``, execute each once on generated inputs."""
+def load_and_run(source: Any, method_names: list[str], *, run: bool, data_path: str | None = None) -> RuntimeOutcome:
+    """Load every method of ``source`` (a path or bytes, with the ``.ptd`` at ``data_path`` if given); with
+    ``run``, execute each once on generated inputs."""
     outcome = RuntimeOutcome()
     with captured_stderr() as capture:
         mark = capture.mark()
         try:
-            program = _loaded_program(source)
+            program = _loaded_program(source, data_path)
         except Exception as error:  # the runtime reports each failure as an exception with its message
             outcome.problems.append(_failure("load", "the runtime cannot load the program", error, capture.text(mark)))
             outcome.log = capture.text()

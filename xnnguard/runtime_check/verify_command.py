@@ -29,6 +29,7 @@ from xnnguard.runtime_check.verify_output import (
 from xnnguard.runtime_check.verify_schedule import check_all, describe, job_count, prepare
 
 if TYPE_CHECKING:
+    from xnnguard.runtime_check.ptd_reader import DataFile
     from xnnguard.runtime_check.report import Report
 
 # check_file and the exit codes are re-exported: they lived here
@@ -46,6 +47,8 @@ examples:
   xnnguard verify dist/ --weights           also prove every weight blob against its sha256 name
   xnnguard verify dist/ --quiet             print only files with problems (exit code says the rest)
   xnnguard verify dist/ --load --timeout 60 a file the runtime takes over 60 s to load is reported as hung
+  xnnguard verify model.pte --data model.ptd its constants may be named in the data file it ships with
+  xnnguard verify dist/ --max-memory 2GiB   a method that needs more memory than 2 GiB is a problem
 
 exit codes: 0 all files pass, 1 problems found, 2 an input cannot be read
 """
@@ -60,6 +63,39 @@ def _job_count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} processes: give 0 (automatic), 1 (no workers) or more")
     return value
+
+
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "k": 2**10, "kib": 2**10, "kb": 10**3,
+    "m": 2**20, "mib": 2**20, "mb": 10**6,
+    "g": 2**30, "gib": 2**30, "gb": 10**9,
+    "t": 2**40, "tib": 2**40, "tb": 10**12,
+}  # fmt: skip
+
+
+def _byte_count(text: str) -> int:
+    """``--max-memory``: ``2GiB``, ``512MiB``, ``1.5G`` (K, M, G, T are binary; KB, MB, GB, TB decimal), bytes."""
+    number = text.strip().rstrip("bBiIkKmMgGtT ")
+    unit = text.strip()[len(number) :].strip().lower()
+    try:
+        value = float(number) * _BYTE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an amount of memory (e.g. 2GiB, 512MiB)") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: give a positive amount of memory")
+    return int(value)
+
+
+def _data_file(text: str) -> DataFile:
+    """``--data``: a .ptd file, read (keys and segments only) once here."""
+    from xnnguard.runtime_check.ptd_reader import read_data_file
+    from xnnguard.runtime_check.pte_reader import PteReadError
+
+    try:
+        return read_data_file(text)
+    except PteReadError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _seconds(text: str) -> float:
@@ -92,6 +128,18 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--run", action="store_true", help="also run every method once on generated inputs")
     parser.add_argument(
         "--weights", action="store_true", help="also hash every XNNPACK constant and compare it with its name"
+    )
+    parser.add_argument(
+        "--data",
+        type=_data_file,
+        metavar="PTD",
+        help="the .ptd file the programs are loaded with: XNNPACK constants may be named there (searched first)",
+    )
+    parser.add_argument(
+        "--max-memory",
+        type=_byte_count,
+        metavar="SIZE",
+        help="a method that needs more memory than SIZE (e.g. 2GiB) is a problem; each report says what it needs",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     parser.add_argument("--quiet", action="store_true", help="print only files with problems or errors")
@@ -138,7 +186,9 @@ def _collect(paths: list[str]) -> tuple[list[str], list[Report]]:
 def run(args: argparse.Namespace) -> int:
     """The ``verify`` subcommand; returns the exit code."""
     files, errors = _collect(args.paths)
-    options = CheckOptions(load=args.load, run=args.run, weights=args.weights)
+    options = CheckOptions(
+        load=args.load, run=args.run, weights=args.weights, data=args.data, max_memory=args.max_memory
+    )
     jobs = job_count(args.jobs, len(files), options.runtime)
     if files:
         prepare(options.runtime)

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection, wait as wait_for_any
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
+    from xnnguard.runtime_check.ptd_reader import DataFile
     from xnnguard.runtime_check.report import Report
 
 __all__ = ["CheckOptions", "check_file", "in_children", "in_workers"]
@@ -36,20 +37,30 @@ class CheckOptions:
     load: bool = False
     run: bool = False
     weights: bool = False
+    data: DataFile | None = None  # the .ptd the programs are loaded with
+    max_memory: int | None = None  # bytes a method may need
 
     @property
     def runtime(self) -> bool:
         return self.load or self.run
 
 
-def check_file(path: str, load: bool, run: bool, weights: bool = False) -> Report:
+def check_file(
+    path: str,
+    load: bool,
+    run: bool,
+    weights: bool = False,
+    *,
+    data: DataFile | None = None,
+    max_memory: int | None = None,
+) -> Report:
     """Verify one file; every failure becomes a ``Report`` (this runs in workers: nothing may escape)."""
     from xnnguard.runtime_check.pte_reader import PteReadError
     from xnnguard.runtime_check.report import Problem, Report
     from xnnguard.runtime_check.verify import verify_pte
 
     try:
-        return verify_pte(path, load=load, run=run, weights=weights)
+        return verify_pte(path, load=load, run=run, weights=weights, data=data, max_memory=max_memory)
     except PteReadError as error:
         return Report.unreadable(path, error.detail)
     except Exception as error:  # a bug in the checker: say so for this file, keep checking the others
@@ -60,7 +71,9 @@ def check_file(path: str, load: bool, run: bool, weights: bool = False) -> Repor
 
 def check(path: str, options: CheckOptions) -> Report:
     """``check_file`` with the command's options."""
-    return check_file(path, options.load, options.run, options.weights)
+    return check_file(
+        path, options.load, options.run, options.weights, data=options.data, max_memory=options.max_memory
+    )
 
 
 def _died(path: str, options: CheckOptions, hung_after: float | None = None) -> Report:
