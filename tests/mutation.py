@@ -222,8 +222,9 @@ class RuntimeSandbox:
     programs until it dies; then the next one starts it again.
     """
 
-    def __init__(self, timeout: float = 60.0) -> None:
+    def __init__(self, timeout: float = 60.0, memory_limit: int | None = None) -> None:
         self.timeout = timeout
+        self.memory_limit = memory_limit  # bytes of address space the worker may map (None: no limit)
         self.last_message = ""
         self.last_outputs = ""  # a hash of the outputs of the last program that ran
         self._process: subprocess.Popen[str] | None = None
@@ -240,9 +241,18 @@ class RuntimeSandbox:
                 stderr=subprocess.DEVNULL,
                 text=True,
                 env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                preexec_fn=self._limit_memory if self.memory_limit is not None else None,
             )
             self.restarts += 1
         return self._process
+
+    def _limit_memory(self) -> None:
+        """In the worker, before it starts: a program that allocates more fails there instead of taking the
+        machine's memory (the test runs beside others)."""
+        import resource
+
+        assert self.memory_limit is not None
+        resource.setrlimit(resource.RLIMIT_AS, (self.memory_limit, self.memory_limit))
 
     def outcome(self, data: bytes) -> str:
         self.last_message = self.last_outputs = ""
@@ -308,18 +318,32 @@ def _outputs_digest(data: bytes, names: list[str]) -> str:
     return digest.hexdigest()
 
 
+def _method_names(data: bytes) -> list[str]:
+    """The methods as the runtime names them (not as xnnguard reads them: the worker also runs programs
+    xnnguard calls unreadable); none when the runtime cannot load the program (``load_and_run`` says why)."""
+    from xnnguard.boundary.runtime import load_program
+    from xnnguard.runtime_check.runtime_load import captured_stderr, import_runtime
+
+    import_runtime()
+    with captured_stderr():
+        try:
+            program = load_program(data)
+            return [program.get_method_name(index) for index in range(program.num_methods())]
+        except Exception:  # the load (or a name that is not text): load_and_run reports the load failure
+            return []
+
+
 def _serve() -> None:
     """The worker: one path per line in, one JSON outcome per line out."""
     import warnings
 
     warnings.filterwarnings("ignore")
-    from xnnguard.runtime_check.pte_reader import read_methods as methods_of
     from xnnguard.runtime_check.runtime_load import load_and_run
 
     for line in sys.stdin:
         path = line.strip()
         data = Path(path).read_bytes()
-        names = [method.name for method in methods_of(data, path)]
+        names = _method_names(data)
         result = load_and_run(data, names, run=True)
         kinds = [problem.kind for problem in result.problems]
         outcome = "load" if "load" in kinds else "run" if "run" in kinds else "runs" if result.ran else "skipped"

@@ -65,6 +65,18 @@ class Zoo(torch.nn.Module):
         return torch.softmax(d[:, :, 1:5, :] - g, dim=-1), torch.bmm(a, b.transpose(1, 2))
 
 
+class TwoDelegates(torch.nn.Module):
+    """Two linears around a cumulative sum, which XNNPACK does not take: two delegates, a kernel call between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(8, 8)
+        self.second = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.cumsum(self.first(x), dim=1))
+
+
 class ConvPad(torch.nn.Module):
     """Issue 13: a static-int8 conv, then a pad that no conv absorbs (ExecuTorch's InsertPadQDQPass fires)."""
 
@@ -99,6 +111,7 @@ _conv3d = _seeded(Conv3dReLU, 1, 3, 4, 6, 6)
 _conv2d = _seeded(lambda: Conv2dReLU(relu=False), 1, 3, 8, 8)
 _conv_linear = _seeded(ConvLinear, 1, 3, 8, 8)
 _linear = _seeded(lambda: torch.nn.Linear(8, 4), 2, 3, 8)
+_mlp = _seeded(lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)), 4, 16)
 
 
 def _several(builder: Callable[[], torch.nn.Module], *shapes: tuple[int, ...]) -> Callable[[], tuple]:
@@ -158,6 +171,8 @@ CORPUS: dict[str, Entry] = {
     "stock_zoo": Entry(_several(Zoo, (1, 4, 8, 8), (2, 3, 4), (2, 5, 4)), None, False, _ok),
     "stock_dynamic_linear": Entry(_linear, _dynamic, False, _ok),
     "stock_dynamic_conv1x1": Entry(_seeded(lambda: torch.nn.Conv2d(8, 16, 1), 2, 8, 5, 5), _dynamic, False, _ok),
+    "stock_mlp": Entry(_mlp, None, False, _ok),
+    "stock_two_delegates": Entry(_seeded(TwoDelegates, 2, 8), None, False, _ok),
     "stock_int4_linear": Entry(_seeded(lambda: torch.nn.Linear(64, 16), 2, 64), None, False, _ok, _int4_weights),
     # issue 13: StaticConstantPad with an fp32 input and a qint8 output, which XNNPACK refuses at load
     "stock_qconv_pad": Entry(

@@ -283,3 +283,32 @@ def test_a_timeout_that_is_not_a_number_of_seconds_is_a_usage_error(capsys) -> N
         main(["verify", "x.pte", "--timeout", "-1"])
     err = capsys.readouterr().err
     assert done.value.code == 2 and "--timeout" in err and "give 0 (no limit)" in err
+
+
+def test_each_report_says_what_each_method_needs_in_text_and_json(corpus_dir: Path, capsys) -> None:
+    _, out = verify(capsys, str(corpus_dir / f"{GOOD}.pte"))
+    assert "  forward: needs at least " in out and " of memory (planned " in out
+    (entry,) = json.loads(verify(capsys, str(corpus_dir / f"{GOOD}.pte"), "--json")[1])["files"]
+    (memory,) = entry["memory"]
+    assert memory["method"] == "forward" and memory["peak_bytes"] >= memory["largest_buffer_bytes"] > 0
+
+
+def test_max_memory_makes_a_method_that_needs_more_a_problem(corpus_dir: Path, capsys) -> None:
+    code, out = verify(capsys, str(corpus_dir / f"{GOOD}.pte"), "--max-memory", "1KiB")
+    assert code == 1 and "[allocation] forward: needs at least" in out and "more than --max-memory 1 KiB" in out
+    assert verify(capsys, str(corpus_dir / f"{GOOD}.pte"), "--max-memory", "2GiB")[0] == 0
+
+
+@pytest.mark.parametrize("size", ["lots", "-1GiB", "2XB"])
+def test_a_max_memory_that_is_not_an_amount_of_memory_is_a_usage_error(size: str, capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["verify", "x.pte", "--max-memory", size])
+    assert done.value.code == 2 and "argument --max-memory" in capsys.readouterr().err
+
+
+def test_a_data_file_that_is_not_a_ptd_is_a_usage_error_naming_it(corpus_dir: Path, capsys) -> None:
+    not_data = corpus_dir / f"{GOOD}.pte"
+    with pytest.raises(SystemExit) as done:
+        main(["verify", str(not_data), "--data", str(not_data)])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and f"argument --data: {not_data}: not an ExecuTorch data file" in err
