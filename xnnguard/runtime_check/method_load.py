@@ -54,6 +54,7 @@ class _Constants:
     programs, the ``constant_buffer`` table (each buffer's size)."""
 
     def __init__(self, program: TableView, layout: ProgramLayout) -> None:
+        self.mutable = _mutable_segment(program, layout)
         self.offsets: tuple[int, ...] | None = None
         self.segment_size = 0
         self.buffer_sizes: list[int] = []
@@ -84,6 +85,23 @@ class _Constants:
                 nbytes <= self.buffer_sizes[index],
                 f"{where} needs {nbytes} bytes of a {self.buffer_sizes[index]}-byte constant buffer",
             )
+
+
+def _mutable_segment(program: TableView, layout: ProgramLayout) -> tuple[tuple[int, ...], int] | str:
+    """The offsets of ``mutable_data_segments[0]`` and its segment's size, which initial values of planned
+    tensors are copied from (``Program::load_mutable_subsegment_into``); or why there are none."""
+    if layout.segment_base == 0:
+        return "the file has no segments"
+    mutable = program.tables("mutable_data_segments")
+    if not mutable:
+        return "the program has no mutable data segment"
+    if not mutable[0].has("offsets"):
+        return "the mutable data segment has no offsets"
+    segments = program.tables("segments")
+    index = mutable[0].scalar("segment_index")
+    if index >= len(segments):
+        return f"the mutable data segment is segment {index}, the program has {len(segments)}"
+    return mutable[0].scalars("offsets"), segments[index].scalar("size")
 
 
 def _check_tensor(
@@ -118,6 +136,17 @@ def _check_tensor(
         if data_index > 0:
             constants.check(data_index, nbytes, where)
         return
+    if data_index > 0:  # a planned tensor whose initial value is copied from the mutable data segment
+        mutable = constants.mutable
+        _require(not isinstance(mutable, str), f"{where} has an initial value, but {mutable}")
+        assert not isinstance(mutable, str)
+        offsets, segment_size = mutable
+        _require(data_index < len(offsets), f"{where} has initial value {data_index}, the segment has {len(offsets)}")
+        _require(
+            offsets[data_index] + nbytes <= segment_size,
+            f"{where} has its initial value at bytes {offsets[data_index]}..{offsets[data_index] + nbytes} of a "
+            f"{segment_size}-byte segment",
+        )
     memory_id = (allocation.scalar("memory_id") - 1) % _U32  # memory id 0 is reserved: it wraps around
     offset = allocation.scalar("memory_offset_low") | allocation.scalar("memory_offset_high") << 32
     _require(

@@ -291,6 +291,15 @@ def check_per_channel_group_quantization(value: XnnValue, graph: XnnGraph) -> It
         return
     if quantization.scale_buffer_idx == 0:
         yield from _check_scales(value, quantization.scales, "block scale")
+        return
+    entry = graph.constant_data[quantization.scale_buffer_idx]
+    if entry.named_key is None and entry.size < 2 * count:  # bf16 scales in the blob (named: see named_data)
+        yield Finding(
+            "constants",
+            f"takes its {count} block scales ({2 * count} bytes) from constant {quantization.scale_buffer_idx}, "
+            f"which has {entry.size}: XNNPACK reads past it, so {AT_LOAD} or computes garbage",
+            value.id,
+        )
 
 
 def check_dynamic_quantization(value: XnnValue, graph: XnnGraph) -> Iterator[Finding]:
