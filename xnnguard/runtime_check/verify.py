@@ -271,14 +271,17 @@ def verify_pte(
 ) -> Report:
     """Check every XNNPACK delegate of ``source`` (a path, bytes or memoryview).
 
-    Static checks, per method and delegate: tensor ranks, dataflow (values read but never written, outputs
-    never written), external ids, and what XNNPACK checks when it defines, creates and first reshapes each
-    node (``define_checks``); with ``kernels``, operators outside the delegates that the installed runtime
-    has no kernel for, or a kernel that cannot take their arguments (a 3-D convolution on the portable
-    kernel). ``weights`` also hashes every named XNNPACK constant and compares it with its name (reads
-    every weight byte). ``load`` also loads each method with the real runtime, ``run`` also executes it
-    once on generated inputs; their log lines go into ``Report.runtime_log``. The report's ``coverage``
-    says, per method, what runs in XNNPACK and which operators run outside it.
+    First what the runtime checks before it reads anything (docs/verify.md): the file's headers, the
+    flatbuffers verifier on the Program and on each XNNPACK graph, each method's tables; every constant
+    named by a key resolves in the named data; every buffer can be allocated. Then, per method and
+    delegate: tensor ranks, dataflow (values read but never written, outputs never written), external ids,
+    and what XNNPACK checks when it defines, creates and first reshapes each node (``define_checks``);
+    with ``kernels``, operators outside the delegates that the installed runtime has no kernel for, or a
+    kernel that cannot take their arguments (a 3-D convolution on the portable kernel). ``weights`` also
+    hashes every named XNNPACK constant and compares it with its name (reads every weight byte). ``load``
+    also loads each method with the real runtime, ``run`` also executes it once on generated inputs; their
+    log lines go into ``Report.runtime_log``. The report's ``coverage`` says, per method, what runs in
+    XNNPACK and which operators run outside it.
 
     ``data`` is the ``.ptd`` file (a path, or one ``read_data_file`` read) the program is loaded with: its
     named data is searched before the program's own, as the runtime does. ``Report.memory`` says what each
