@@ -59,7 +59,6 @@ REACHED: tuple[Reached, ...] = (
     Reached(f"{_PYBINDINGS}._get_operator_names", "the kernel registry: operators with no kernel (verify)"),
     Reached(f"{_PYBINDINGS}._get_registered_backend_names", "the backend registry: delegates no backend loads"),
     Reached(f"{_PYBINDINGS}._unsafe_reset_threadpool", "size the thread pool per verify worker and benchmark"),
-    Reached("executorch.extension.pybindings._C", "in sys.modules once the runtime is loaded (registry cache)"),
     # Files inside the package (boundary.package_files), read without importing the export stack.
     Reached("file:exir/_serialize/program.fbs", "the Program flatbuffer's layout, for verify's reader"),
     Reached("file:backends/xnnpack/serialization/runtime_schema.fbs", "the XNNPACK graph's layout, for verify"),

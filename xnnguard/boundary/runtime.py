@@ -25,8 +25,8 @@ __all__ = [
     "runtime_imported",
 ]
 
-# The native extension portable_lib imports: present in sys.modules once the runtime is loaded.
-_NATIVE_MODULE = "executorch.extension.pybindings._C"
+# Imported once the runtime is loaded (it imports the native extension, ``_C`` in 1.5, ``_portable_lib`` in 1.4).
+_RUNTIME_MODULE = "executorch.extension.pybindings.portable_lib"
 
 # Folders of the package whose shared libraries make up the runtime and its kernels (relative to it).
 RUNTIME_LIBRARY_DIRS = ("extension/pybindings", "kernels/quantized", "lib")
@@ -41,7 +41,7 @@ def pybindings() -> ModuleType:
 
 def runtime_imported() -> bool:
     """True when this process has loaded the runtime's native library already."""
-    return _NATIVE_MODULE in sys.modules
+    return _RUNTIME_MODULE in sys.modules
 
 
 class DataFileNotSupported(RuntimeError):
