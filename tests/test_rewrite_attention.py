@@ -1,4 +1,4 @@
-"""Unmasked scaled dot-product attention as bmm, softmax, bmm: same values, inside one delegate."""
+"""Scaled dot-product attention, unmasked or with a constant mask, as bmm, softmax, bmm: same values, one delegate."""
 
 from __future__ import annotations
 
@@ -45,20 +45,46 @@ def test_bmm_softmax_bmm_equals_attention(
 def _attentions(model: torch.nn.Module, x: torch.Tensor) -> int:
     graph_module = torch.export.export(model, (x,)).module()
     run_passes([AttentionAsBmmPass()], graph_module, strict=True)
-    return sum("scaled_dot_product_attention" in target_name(n) for n in graph_module.graph.nodes)
+    calls = [n for n in graph_module.graph.nodes if n.op == "call_function"]
+    return sum("scaled_dot_product_attention" in target_name(n) for n in calls)
 
 
-def test_a_masked_attention_is_left_and_reported_with_why() -> None:
-    graph_module = torch.export.export(Attention(attn_mask=torch.zeros(5, 5)).eval(), (torch.randn(1, 5, 16),)).module()
+class RunTimeMask(Attention):
+    """An attention whose mask depends on the input's values: which rows are all -inf is known only at run time."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        mask = x[:, None, :, :1] > 0  # (b, 1, n, 1): queries whose first feature is positive see every key
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(y.transpose(1, 2).reshape(b, n, c))
+
+
+def test_an_attention_whose_mask_is_computed_at_run_time_is_left_and_reported_with_why() -> None:
+    graph_module = torch.export.export(RunTimeMask().eval(), (torch.randn(1, 5, 16),)).module()
     (record,) = run_passes([AttentionAsBmmPass()], graph_module, strict=True).report
-    assert record.rule is Rule.NOT_REWRITTEN and "mask" in record.reason
+    assert record.rule is Rule.NOT_REWRITTEN and "mask is computed at run time" in record.reason
 
 
-def test_a_masked_or_causal_attention_is_left() -> None:
+def test_a_causal_attention_is_left_and_one_with_a_constant_mask_or_none_is_rewritten() -> None:
     x = torch.randn(1, 5, 16)
     assert _attentions(Attention(is_causal=True).eval(), x) == 1
-    assert _attentions(Attention(attn_mask=torch.zeros(5, 5)).eval(), x) == 1
+    assert _attentions(Attention(attn_mask=torch.zeros(5, 5)).eval(), x) == 0
     assert _attentions(Attention().eval(), x) == 0
+
+
+@pytest.mark.parametrize("mask", [
+    pytest.param(torch.randn(5, 5), id="float"),
+    pytest.param(torch.rand(5, 5) > 0.3, id="bool"),
+    pytest.param(torch.zeros(5, 5).masked_fill(torch.eye(5, dtype=torch.bool), float("-inf")), id="-inf diagonal"),
+    pytest.param(torch.ones(5, 5, dtype=torch.bool).index_fill(0, torch.tensor([2]), False), id="a row all masked"),
+])
+def test_a_constant_mask_rewritten_gives_eagers_values(mask: torch.Tensor) -> None:
+    model, x = Attention(attn_mask=mask).eval(), torch.randn(1, 5, 16)
+    graph_module = torch.export.export(model, (x,)).module()
+    assert run_passes([AttentionAsBmmPass()], graph_module, strict=True).report == ()
+    with torch.no_grad():
+        torch.testing.assert_close(graph_module(x), model(x), atol=1e-5, rtol=1e-5)
 
 
 def test_an_attention_block_lowers_to_one_delegate_and_matches_eager() -> None:

@@ -1,16 +1,23 @@
-"""``scaled_dot_product_attention`` without a mask as the two ``bmm`` and the softmax it computes.
+"""``scaled_dot_product_attention`` as the two ``bmm`` and the softmax it computes.
 
-Invariant established: no ``scaled_dot_product_attention`` with no ``attn_mask``, ``is_causal=False``,
-``dropout_p=0``, no grouped-query broadcast and equal batch dims of query, key and value is left.
-``to_edge`` decomposes it into the math form, whose ``_safe_softmax`` (``eq``, ``logical_not``, ``any``,
-``full_like``, ``where``: rows that are all ``-inf`` give 0 instead of NaN), ``mul.Scalar`` scalings and
-``expand_copy`` operands ExecuTorch 1.5.1's XNNPACK partitioner has no configs for: each attention of
-Hiera or of an SDPA ViT (Hugging Face's VideoMAE) was cut into pieces around them.
+Invariant established: no ``scaled_dot_product_attention`` with a constant ``attn_mask`` or none,
+``is_causal=False``, ``dropout_p=0``, no grouped-query broadcast and equal batch dims of query, key and
+value is left. ``to_edge`` decomposes it into the math form, whose ``_safe_softmax`` (``eq``,
+``logical_not``, ``any``, ``full_like``, ``where``: rows that are all ``-inf`` give 0 instead of NaN),
+``mul.Scalar`` scalings and ``expand_copy`` operands ExecuTorch 1.5.1's XNNPACK partitioner has no
+configs for: each attention of Hiera, of an SDPA ViT (Hugging Face's VideoMAE) and of every tower that
+passes a padding mask (Hugging Face's vision towers build one from the input's shape: a constant once
+``FoldConstantsPass`` ran) was cut into pieces around them.
 
-The form: ``softmax((q * scale) @ k^T, -1) @ v`` with both products as one ``bmm`` each on the batch dims
-flattened (``xnnguard.rewrite.views.matmul.matmul_as_bmm``); ``scale`` is the op's own (default
-``1/sqrt(E)``). Without a mask no score is ``-inf``, so the safe softmax is the softmax. Exact up to the
-rounding of the scaled scores (the math form scales q and k by ``sqrt(scale)`` each).
+The form: ``softmax((q * scale) @ k^T + mask, -1) @ v`` with both products as one ``bmm`` each on the batch
+dims flattened (``xnnguard.rewrite.views.matmul.matmul_as_bmm``); ``scale`` is the op's own (default
+``1/sqrt(E)``); a boolean mask is the additive one it stands for (0 where true, ``-inf`` where false). Why it
+is exact: a constant mask is known here, so are its rows that are all ``-inf``; where there are such rows they
+are added as 0s (a softmax of all ``-inf`` is NaN, which no multiply takes back) and the output is multiplied
+by a constant that is 0 on them and 1 elsewhere: the 0 the safe softmax gives them (eager PyTorch too); every
+other row has a finite score, so there the softmax is the safe one. Exact up to the rounding of the scaled
+scores (the math form scales q and k by ``sqrt(scale)`` each). A mask computed at run time is left as it is:
+which rows are all ``-inf`` is known only then.
 
 int8: the stock quantizer leaves attention float; so are its pieces (``pieces_stay_float``): a
 quantized scaling multiply would round where the original does not.
@@ -24,12 +31,13 @@ import torch
 
 from xnnguard.graph.shapes import same_size, tensor_value
 from xnnguard.report import Rule
+from xnnguard.rewrite.constants import constant_value
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.views.base import replace_by
 from xnnguard.rewrite.views.matmul import matmul_as_bmm
 from xnnguard.rules.tagged import tag_of
 
-__all__ = ["AttentionAsBmmPass", "attention_as_bmm"]
+__all__ = ["AttentionAsBmmPass", "additive_mask", "attention_as_bmm", "rows_kept"]
 
 _aten = torch.ops.aten
 _SDPA = _aten.scaled_dot_product_attention.default
@@ -39,10 +47,39 @@ _DEFAULTS: dict[str, object] = {
 _POSITIONS = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal"]
 
 
-def attention_as_bmm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """``softmax(q @ k^T * scale) @ v`` with two ``bmm`` (batch dims of q, k, v equal)."""
+def attention_as_bmm(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``softmax(q @ k^T * scale + mask) @ v`` with two ``bmm`` (batch dims of q, k, v equal), times ``keep``."""
     scores = matmul_as_bmm(q * scale, k.transpose(-2, -1), None, None)
-    return matmul_as_bmm(torch.softmax(scores, -1), v, None, None)
+    if mask is not None:
+        scores = scores + mask
+    out = matmul_as_bmm(torch.softmax(scores, -1), v, None, None)
+    return out if keep is None else out * keep
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The float mask added to the scores: a boolean mask is 0 where true, ``-inf`` where false."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, float("-inf"))
+    return mask.to(dtype)
+
+
+def rows_kept(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The mask to add, and 1 on its rows with a finite score, 0 on those all ``-inf`` (None if none is).
+
+    A row all ``-inf`` is added as 0s instead: its softmax would be NaN (``-inf - -inf``), which no
+    multiply by 0 takes back; its output row is then multiplied by 0, which is what eager gives.
+    """
+    masked = torch.isneginf(mask).all(dim=-1, keepdim=True)
+    if not bool(masked.any()):
+        return mask, None
+    return mask.masked_fill(masked, 0.0), (~masked).to(mask.dtype)
 
 
 def _arguments(node: torch.fx.Node) -> dict[str, object]:
@@ -53,7 +90,7 @@ def _arguments(node: torch.fx.Node) -> dict[str, object]:
 
 
 class AttentionAsBmmPass(NodeRewritePass):
-    """Rewrites each unmasked, non-causal scaled dot-product attention into bmm, softmax, bmm."""
+    """Rewrites each non-causal scaled dot-product attention with a constant mask or none into bmm, softmax, bmm."""
 
     rule = Rule.NOT_REWRITTEN  # reported; the portable kernels run what is left
     tags_what_it_leaves = False  # untagged: XNNPACK still takes what it can of the op as it is
@@ -65,8 +102,6 @@ class AttentionAsBmmPass(NodeRewritePass):
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         found = _arguments(node)
-        if found["attn_mask"] is not None:
-            return "it has a mask (a row that is all -inf would differ)"
         if found["is_causal"] or found["dropout_p"] or found["enable_gqa"]:
             return "it is causal, drops out, or broadcasts key/value heads"
         q, k, v = found["query"], found["key"], found["value"]
@@ -90,6 +125,13 @@ class AttentionAsBmmPass(NodeRewritePass):
             return "its scale is not a constant"
         factor = float(scale)
         assert isinstance(q, torch.fx.Node) and isinstance(k, torch.fx.Node) and isinstance(v, torch.fx.Node)
-        replace_by(graph_module, node, lambda a, b, c: attention_as_bmm(a, b, c, factor), [q, k, v])
+        inputs: list[torch.fx.Node | torch.Tensor] = [q, k, v]
+        if found["attn_mask"] is not None:
+            value = constant_value(graph_module, found["attn_mask"])
+            if value is None:
+                return "its mask is computed at run time (which rows are all -inf is known only then)"
+            mask, keep = rows_kept(additive_mask(value, vq.dtype))
+            inputs += [mask] if keep is None else [mask, keep]
+        replace_by(graph_module, node, lambda a, b, c, *more: attention_as_bmm(a, b, c, factor, *more), inputs)
         graph_module.graph.erase_node(node)  # its dropout makes it impure: dead code elimination keeps it
         return None
