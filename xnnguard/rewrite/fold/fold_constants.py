@@ -54,7 +54,7 @@ __all__ = ["FoldConstantsPass", "FoldPlan"]
 logger = logging.getLogger("xnnguard.rewrite")
 
 _aten = torch.ops.aten
-_EXPANDS = {_aten.expand.default, _aten.expand_copy.default}
+_EXPANDS = {_aten.expand.default, _aten.expand_copy.default, _aten.expand_as.default}
 
 
 def _enlarging_expand_into_broadcasts(node: torch.fx.Node, region: ConstantRegion) -> bool:

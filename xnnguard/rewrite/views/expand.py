@@ -1,10 +1,11 @@
 """``expand``, ``repeat`` and ``repeat_interleave`` as broadcasts XNNPACK runs.
 
-Invariant established: no ``expand`` is left except one whose broadcast dims have dynamic sizes or whose
-tensor is not floating-point, no ``fill`` of a tensor nothing else reads whose readers are all broadcasting
-binary ops that broadcast its value to their own output, and no ``repeat`` / ``repeat_interleave`` (by an
-int) with static shapes and a floating-point tensor. ExecuTorch 1.5.1's XNNPACK partitioner has no config
-for ``expand_copy``, ``repeat`` or ``fill``: they ran on the portable kernels, between delegates.
+Invariant established: no ``expand`` (or ``expand_as``) is left except one whose broadcast dims have dynamic
+sizes or whose tensor is not floating-point, no ``fill`` of a tensor nothing else reads whose readers are all
+broadcasting binary ops that broadcast its value to their own output, and no ``repeat`` /
+``repeat_interleave`` (by an int) with static shapes and a floating-point tensor. ExecuTorch 1.5.1's XNNPACK
+partitioner has no config for ``expand_copy``, ``repeat`` or ``fill``: they ran on the portable kernels,
+between delegates.
 
 The forms:
 
@@ -44,7 +45,7 @@ from xnnguard.rewrite.views.base import AliasAwarePass, replace_by, view_sizes
 __all__ = ["BroadcastViewsPass", "broadcast_form", "repeat_by_broadcast"]
 
 _aten = torch.ops.aten
-_EXPANDS = {_aten.expand.default}
+_EXPANDS = {_aten.expand.default, _aten.expand_as.default}  # expand_as: F.normalize's, for one
 _REPEATS = {_aten.repeat.default}
 _INTERLEAVES = {_aten.repeat_interleave.self_int}
 _FILLS = {_aten.fill_.Tensor, _aten.fill.Tensor}
