@@ -2,7 +2,8 @@
 
 ExecuTorch 1.5.1's XNNPACK partitioner takes a mean as 4-D global average pooling only, a max over H
 or W of a 4-D tensor only, and ``pow`` with the int exponent 2 only; it has no config for sum, var,
-amax or amin. The rewrites: ``keepdim_mean`` (a 4-D mean over H and W in the one written form 1.5.1
+amax or amin, and takes a softmax over the last dim only. The rewrites: ``softmax`` (softmax over any
+dim, log-softmax), ``keepdim_mean`` (a 4-D mean over H and W in the one written form 1.5.1
 takes), ``sums`` (sum, mean, var, std, vector norm as linears against constant vectors), ``extrema``
 (max and min as trees of ``maximum``/``minimum`` of slices), ``power``; ``plan`` holds the arithmetic
 of which view and permute gather a reduction's elements, ``forms`` the plain-PyTorch forms.
@@ -15,15 +16,27 @@ from torch.fx.passes.infra.pass_base import PassBase
 from xnnguard.rewrite.reduce.extrema import RewriteExtremumPass
 from xnnguard.rewrite.reduce.keepdim_mean import MeanKeepdimPass
 from xnnguard.rewrite.reduce.power import RewritePowerPass
+from xnnguard.rewrite.reduce.softmax import SoftmaxAnyDimPass
 from xnnguard.rewrite.reduce.sums import RewriteSumPass
 
-__all__ = ["MeanKeepdimPass", "RewriteExtremumPass", "RewritePowerPass", "RewriteSumPass", "passes"]
+__all__ = [
+    "MeanKeepdimPass",
+    "RewriteExtremumPass",
+    "RewritePowerPass",
+    "RewriteSumPass",
+    "SoftmaxAnyDimPass",
+    "passes",
+]
 
 
 def passes() -> list[PassBase]:
     """The reduction rewrites, after ``ReduceRankPass`` (which merges the dims of one above 6 dims).
 
-    The power comes first so that a ``x ** 2.0`` under a mean is a multiply before the mean is rewritten
-    (no order is needed for correctness). ``MeanKeepdimPass`` and ``RewriteSumPass`` pick disjoint means.
+    The softmax comes first: its log-softmax form is an ``amax`` and a ``sum`` the later passes rewrite.
+    The power comes before the means so that a ``x ** 2.0`` under a mean is a multiply before the mean is
+    rewritten (no order is needed for correctness). ``MeanKeepdimPass`` and ``RewriteSumPass`` pick
+    disjoint means.
     """
-    return [RewritePowerPass(), MeanKeepdimPass(), RewriteSumPass(), RewriteExtremumPass()]
+    return [
+        SoftmaxAnyDimPass(), RewritePowerPass(), MeanKeepdimPass(), RewriteSumPass(), RewriteExtremumPass()
+    ]
