@@ -1,12 +1,13 @@
 """Views XNNPACK has no config for, as the slices and reshapes it runs.
 
-Invariant established: no ``select``, ``squeeze``, ``unsqueeze`` (other than on the trailing dim),
-``alias``, ``unbind``, ``split``, ``split_with_sizes`` or ``chunk`` with static sizes along the dims it
-takes apart is left (unless its storage is written in place after it: then a copy would lose the write,
-and it stays). ``to_edge`` turns them into ``select_copy``, ``squeeze_copy``, ``unsqueeze_copy``,
-``alias_copy``, ``split_with_sizes_copy``, for which ExecuTorch 1.5.1's XNNPACK partitioner has no config
-(``unsqueeze_copy`` only on the last dim): each ran on the portable kernels and cut the delegate in two.
-Transformers unpack ``q, k, v = qkv.unbind(0)`` or ``qkv[0], qkv[1], qkv[2]`` in every block.
+Invariant established: no ``select``, ``squeeze``, ``unsqueeze`` (other than on the trailing dim), ``alias``,
+``contiguous``, ``clone``, one-input ``cat``, ``unbind``, ``split``, ``split_with_sizes`` or ``chunk`` with
+static sizes along the dims it takes apart is left (unless its storage is written in place after it: then a
+copy would lose the write, and it stays). ``to_edge`` turns them into ``select_copy``, ``squeeze_copy``,
+``unsqueeze_copy``, ``alias_copy``, ``split_with_sizes_copy``, for which ExecuTorch 1.5.1's XNNPACK
+partitioner has no config (``unsqueeze_copy`` only on the last dim): each ran on the portable kernels and cut
+the delegate in two. Transformers unpack ``q, k, v = qkv.unbind(0)`` or ``qkv[0], qkv[1], qkv[2]`` in every
+block.
 
 The forms, each exact (they move the same elements, in the same order):
 
@@ -15,7 +16,10 @@ The forms, each exact (they move the same elements, in the same order):
   so a dynamic batch stays dynamic);
 * ``unbind(x, d)[k]`` -> ``select(x, d, k)`` as above; ``split*(x, sizes, d)[k]`` -> ``slice`` of the
   k-th range (``chunk`` and ``split`` by their output sizes);
-* ``alias(x)`` -> ``x``.
+* ``alias(x)``, ``x.contiguous()`` and ``x.clone()`` (contiguous memory format) -> ``x``: they change no
+  value, and a copy left in a chain of views stopped the rank reduction (an 8-D ``contiguous`` after a window
+  partition's permute); ``cat([x])`` (a concatenation of one tensor, which 1.5.1's ``CatConfig`` refuses:
+  "only support concatenation of > 2 tensors, got 1") -> ``x``.
 
 int8: ``slice`` and ``reshape`` are share ops of the XNNPACK quantizer (their output takes their input's
 quantization), so the rewritten form quantizes nothing new; the original ops were float (``squeeze.dim``
@@ -42,9 +46,13 @@ _SELECTS = {_aten.select.int}
 _SQUEEZES = {_aten.squeeze.default, _aten.squeeze.dim, _aten.squeeze.dims}
 _UNSQUEEZES = {_aten.unsqueeze.default}
 _ALIASES = {_aten.alias.default}
+_CATS = {_aten.cat.default}  # of one tensor only
+# Copies that change no value and, in a contiguous memory format, no dim order: ``x.contiguous()`` after
+# a permute (a window partition's), ``x.clone()``.
+_COPIES = {_aten.contiguous.default, _aten.clone.default}
 _UNBINDS = {_aten.unbind.int}
 _SPLITS = {_aten.split.Tensor, _aten.split_with_sizes.default, _aten.chunk.default}
-TARGETS = frozenset(_SELECTS | _SQUEEZES | _UNSQUEEZES | _ALIASES | _UNBINDS | _SPLITS)
+TARGETS = frozenset(_SELECTS | _SQUEEZES | _UNSQUEEZES | _ALIASES | _CATS | _COPIES | _UNBINDS | _SPLITS)
 
 
 def _dim(node: torch.fx.Node, position: int, default: int = 0) -> int:
@@ -68,6 +76,23 @@ def _items(node: torch.fx.Node) -> list[torch.fx.Node] | None:
     return users
 
 
+def _single_cat_source(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The one tensor a ``cat`` of one tensor concatenates, else None."""
+    tensors = node.args[0]
+    if node.target not in _CATS or not isinstance(tensors, (list, tuple)) or len(tensors) != 1:
+        return None
+    return tensors[0] if isinstance(tensors[0], torch.fx.Node) else None
+
+
+def _value_copy_source(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The tensor a ``contiguous`` / ``clone`` copies, when the copy keeps a contiguous dim order, else None."""
+    memory_format = node.kwargs.get("memory_format", node.args[1] if len(node.args) > 1 else None)
+    source = node.args[0]
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
+        return None
+    return source if isinstance(source, torch.fx.Node) and tensor_value(source) is not None else None
+
+
 def _select(x: torch.Tensor, dim: int, index: int) -> torch.Tensor:
     piece = torch.ops.aten.slice.Tensor(x, dim, index, index + 1)
     return piece.reshape(view_sizes([*x.shape[:dim], *x.shape[dim + 1 :]]))
@@ -89,6 +114,9 @@ class ViewsAsSlicesPass(AliasAwarePass):
     subject = "view"
 
     def chooses(self, node: torch.fx.Node) -> bool:
+        if node.target in _CATS | _COPIES:  # a copy: neither it nor its source may be written in place
+            copied = _single_cat_source(node) if node.target in _CATS else _value_copy_source(node)
+            return copied is not None and not self.aliasing.is_written(copied) and not self.aliasing.is_written(node)
         if node.target not in TARGETS or not isinstance(node.args[0], torch.fx.Node):
             return False
         if self.aliasing.written_after(node):
@@ -99,6 +127,11 @@ class ViewsAsSlicesPass(AliasAwarePass):
         return True
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        if node.target in _CATS | _COPIES:
+            source = _single_cat_source(node) if node.target in _CATS else _value_copy_source(node)
+            assert source is not None
+            node.replace_all_uses_with(source)
+            return None
         x = node.args[0]
         assert isinstance(x, torch.fx.Node)
         if tensor_value(x) is None:
