@@ -9,8 +9,11 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
   dim in a form XNNPACK 1.5.1 refuses, PReLU on a non-4-D tensor, user tag), and does not keep such an op
   whole for XNNPACK (a linear on an 8-D input decomposes, its 2-D matmul stays);
 * in ``to_edge_transform_and_lower``, first rewrites what has an equivalent XNNPACK takes: a max over H
-  or W keeps its dim (``MaxKeepdimPass``), a PReLU of another rank is folded to 4-D (``PReLUTo4dPass``).
-  ExecuTorch 1.5 runs them through ``transform_for_pre_decomposition``; 1.4, which has no such hook
+  or W keeps its dim (``MaxKeepdimPass``), a PReLU of another rank is folded to 4-D (``PReLUTo4dPass``),
+  an integer scalar of a float op is written as the float it stands for (``FloatScalarsPass``: no int64
+  constant and cast outside), and a quantize-dequantize after a view above 6 dims of values already on
+  its grid is dropped (``RequantizedViewsPass``: only the view stays outside). ExecuTorch 1.5 runs them
+  through ``transform_for_pre_decomposition``; 1.4, which has no such hook
   (``xnnguard.boundary.releases.has_pre_decomposition_hook``), through the first ``ops_to_not_decompose`` call,
   which 1.4 makes at the same point: on its own copy of the ATen program, before any decomposition;
   at the same point, a view with one dynamic dim (a dynamic batch) is written with -1 for it
@@ -56,9 +59,11 @@ from xnnguard.partition.guard import GuardedConfig, Ledger
 from xnnguard.partition.merge import merge_partitions
 from xnnguard.partition.outside import is_operator_call, outside_record
 from xnnguard.report import KeptOut, Rule, summarize
+from xnnguard.rewrite.forms.float_scalars import FloatScalarsPass
 from xnnguard.rewrite.forms.inferred_view import InferredViewPass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
+from xnnguard.rewrite.forms.requantized_views import RequantizedViewsPass
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.runner import run_passes
 from xnnguard.rules.keep_out import keep_out_reason
@@ -233,8 +238,10 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
 
 
 def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[NodeRewritePass]:
-    """The rewrites that have work on ``graph_module``: a max over H or W, a PReLU of another rank."""
-    return [rewrite for rewrite in (MaxKeepdimPass(), PReLUTo4dPass()) if rewrite.applies_to(graph_module)]
+    """The rewrites that have work on ``graph_module``: a max over H or W, a PReLU of another rank, an
+    integer scalar operand of a float op, a requantization after a high-rank view."""
+    forms = (MaxKeepdimPass(), PReLUTo4dPass(), FloatScalarsPass(), RequantizedViewsPass())
+    return [rewrite for rewrite in forms if rewrite.applies_to(graph_module)]
 
 
 def _has_dynamic_dims(graph_module: torch.fx.GraphModule) -> bool:
