@@ -18,7 +18,8 @@ from testbed.network_flow import MAX_DELEGATES, compute_outside, lower_network
 pytestmark = pytest.mark.network
 
 # One network per kind issue 12 names; the zoo's variants of a kind (SDPA, dynamic) are not repeated.
-KINDS = ("mvit", "s3d", "r2plus1d", "swin3d", "unet3d", "unet3d_gn", "video_vae", "videomae", "hiera", "qwen_vision")
+KINDS = ("mvit", "s3d", "r2plus1d", "swin3d", "unet3d", "unet3d_gn", "video_vae", "videomae", "hiera", "qwen_vision",
+         "wan_vae")
 # Static int8 (15-60 s of ExecuTorch lowering each, so in the slow tier, `make test-all`): the 3-D CNNs
 # whose convs stay float between int8 ops, the video VAE (RMS norms, causal pads, upsampling) and two
 # transformers. The other kinds' int8 rows are `make bench`'s, each with an int8 test of its own op: MViT's

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from testbed.networks import hiera, mvit, qwen_vision, r2plus1d, s3d, swin3d, unet3d, video_vae, videomae
+from testbed.networks import hiera, mvit, qwen_vision, r2plus1d, s3d, swin3d, unet3d, video_vae, videomae, wan_vae
 from testbed.networks._common import SIZES, Built
 
 __all__ = ["NETWORKS", "SIZES", "Builder", "Built"]
@@ -28,6 +28,7 @@ NETWORKS: dict[str, Builder] = {
     "unet3d": unet3d.build,
     "unet3d_gn": unet3d.build_gn,
     "video_vae": video_vae.build,
+    "wan_vae": wan_vae.build,
     "videomae": videomae.build,
     "videomae_sdpa": videomae.build_sdpa,
     "hiera": hiera.build,
