@@ -4,41 +4,81 @@
 returns the program, what it computed, its reference and the tolerance ``testbed.tolerance`` gives:
 
 * float: the reference is eager PyTorch;
+* fp16: the model cast to half (a copy: the caller's stays float32) and half inputs; the reference is the
+  half model run eagerly, the tolerance what fp16 rounding allows (against the float32 model as well);
 * int8: pt2e after the rewrite (the README's order), calibrated on the inputs; the reference is the
   converted pt2e model, which isolates what lowering and the runtime change from what quantization does.
+
+``dynamic_batch=(1, 3)`` exports with a dynamic batch (``Dim("batch")`` on every input's first dim) and also
+runs the program at those batches, on inputs drawn like the given ones. A stage that fails raises
+``FlowError`` naming it; ``Run`` carries the rewriter's and the partitioner's reports.
 
 Whole networks go through ``testbed.network_flow``, which runs the same steps and records each stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+import copy
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
-from testbed.lowered import Lowered, lower, run_pte
+from testbed.lowered import Lowered, lower
 from testbed.quantize import Precision, is_dynamic, quantize_pt2e, xnnguard_quantizer, xnnpack_quantizer
-from testbed.tolerance import float_tolerance, int8_tolerance
+from testbed.tolerance import float_tolerance, fp16_tolerance, int8_tolerance
 
-__all__ = ["Inputs", "Run", "lower_and_run", "rewritten"]
+__all__ = ["STAGES", "FlowError", "Inputs", "Run", "lower_and_run", "rewritten"]
 
 Quantizer = Literal["xnnguard", "stock"]
+# What lower_and_run does, in order; a FlowError names one. "eager" and "export" are the model's own
+# (PyTorch runs or exports it); "reexport" exports the converted int8 model for lowering.
+STAGES = ("eager", "export", "rewrite", "quantize", "reexport", "lower", "load", "run")
+# A dynamic batch's range (a batch of 1 would be specialized away as an example, not as a run).
+MAX_BATCH = 8
+
+
+class FlowError(Exception):
+    """A stage of ``lower_and_run`` failed: ``stage`` names it (one of ``STAGES``), the cause is chained.
+
+    ``lowered``: the program, when the failure came after lowering (at load or run).
+    """
+
+    def __init__(self, stage: str, cause: BaseException, lowered: Lowered | None = None) -> None:
+        super().__init__(f"{stage} failed: {type(cause).__name__}: {cause}")
+        self.stage = stage
+        self.lowered = lowered
+
+
+@contextmanager
+def _stage(name: str, lowered: Lowered | None = None) -> Iterator[None]:
+    try:
+        yield
+    except FlowError:
+        raise
+    except Exception as error:
+        raise FlowError(name, error, lowered) from error
 
 
 @dataclass
 class Run:
     """A lowered program's outputs on the inputs it was made with, its references and the tolerance.
 
-    Unpacks as ``lowered, out, reference, tolerance`` (the first output and reference).
+    Unpacks as ``lowered, out, reference, tolerance`` (the first output and reference). Under a dynamic
+    batch ``outputs`` and ``references`` hold those of every batch run, one after another.
+    ``rewrite_report``: the rewriter's records (what it left as it was); ``kept_out``: the partitioner's
+    ``report`` (every node left outside XNNPACK, and why), when it has one.
     """
 
     lowered: Lowered
     outputs: list[torch.Tensor]
     references: list[torch.Tensor]
     tolerance: float
+    rewrite_report: list[Any] = field(default_factory=list)
+    kept_out: list[Any] = field(default_factory=list)
 
     @property
     def out(self) -> torch.Tensor:
@@ -52,7 +92,21 @@ class Run:
         return iter((self.lowered, self.out, self.reference, self.tolerance))
 
     def max_error(self) -> float:
-        return max(float((out - ref).abs().max()) for out, ref in zip(self.outputs, self.references))
+        return max(float((out.float() - ref.float()).abs().max()) for out, ref in zip(self.outputs, self.references))
+
+    def mismatch(self) -> str | None:
+        """Why the outputs do not match their references (count, shape, dtype, error), or None when they do."""
+        if len(self.outputs) != len(self.references):
+            return f"{len(self.outputs)} outputs, the reference has {len(self.references)}"
+        for i, (out, ref) in enumerate(zip(self.outputs, self.references)):
+            if out.shape != ref.shape:
+                return f"output {i} has shape {tuple(out.shape)}, the reference {tuple(ref.shape)}"
+            if out.dtype != ref.dtype:
+                return f"output {i} is {out.dtype}, the reference {ref.dtype}"
+        error = self.max_error()
+        if not error <= self.tolerance:  # a NaN is a mismatch too
+            return f"max error {error:.3g} > tolerance {self.tolerance:.3g}"
+        return None
 
     def assert_matches(self) -> None:
         """Every output within the tolerance of its reference (as many outputs as the reference has)."""
@@ -86,48 +140,114 @@ def _as_list(value: Any) -> list[torch.Tensor]:
     return [v.detach() for v in value] if isinstance(value, (tuple, list)) else [value.detach()]
 
 
+def _half(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return tuple(x.half() if x.is_floating_point() else x for x in inputs)
+
+
+def _at_batch(inputs: tuple[torch.Tensor, ...], batch: int) -> tuple[torch.Tensor, ...]:
+    """Inputs like ``inputs`` at another batch: float ones drawn anew (seeded), others their rows repeated."""
+    generator = torch.Generator().manual_seed(batch)
+    drawn = []
+    for x in inputs:
+        if x.is_floating_point():
+            drawn.append(torch.randn(batch, *x.shape[1:], generator=generator).to(x.dtype))
+        else:
+            drawn.append(x[torch.arange(batch) % x.shape[0]])
+    return tuple(drawn)
+
+
+def _rewriter(rewrite: bool | Sequence[PassBase] | Callable[..., Any]) -> Any:
+    """The rewriter ``rewrite`` asks for: a strict one of its own (every rewrite or the passes given), or that one."""
+    import xnnguard
+
+    if callable(rewrite) and not isinstance(rewrite, PassBase):
+        return rewrite
+    passes = None if rewrite is True else list(rewrite)  # type: ignore[arg-type]
+    return xnnguard.XnnpackRewriter(passes, strict=True)
+
+
 def lower_and_run(
     model: torch.nn.Module | torch.export.ExportedProgram,
     inputs: Inputs,
     precision: Precision = "float",
     *,
-    rewrite: bool | Sequence[PassBase] = True,
+    rewrite: bool | Sequence[PassBase] | Callable[..., Any] = True,
     quantizer: Quantizer | object = "xnnguard",
     partitioner: Any = None,
     via_to_backend: bool = False,
     transform_passes: Sequence[Any] = (),
+    dynamic_batch: Sequence[int] = (),
 ) -> Run:
-    """Rewrite (``rewrite``: all rewrites, none, or these passes), quantize (with xnnguard's or the stock
-    XNNPACK quantizer, per channel, or the quantizer given), lower with ``partitioner`` (default:
-    ``xnnguard.XnnpackPartitioner()``), run. ``precision`` also picks the int8 tolerance (static or dynamic).
+    """Rewrite (``rewrite``: all rewrites, none, these passes, or this ``XnnpackRewriter``, whose ``report``
+    the caller can read even when a later stage fails), quantize (with xnnguard's or the stock XNNPACK
+    quantizer, per channel, or the quantizer given), lower with ``partitioner`` (default:
+    ``xnnguard.XnnpackPartitioner()``), run. ``precision`` also picks the tolerance (float, fp16, static or
+    dynamic int8). ``dynamic_batch``: export with a dynamic batch, run at these batches too.
     """
     import xnnguard
 
     inputs = _tuple(inputs)
+    if precision == "fp16":
+        if isinstance(model, torch.export.ExportedProgram):
+            raise ValueError("lower_and_run casts the model to fp16 itself: give it the float32 module, not a program")
+        float_model = model.eval()
+        model, inputs = copy.deepcopy(float_model).half(), _half(inputs)
     eager = model.module() if isinstance(model, torch.export.ExportedProgram) else model.eval()
-    if rewrite is False:
-        ep = model if isinstance(model, torch.export.ExportedProgram) else torch.export.export(eager, inputs)
-    else:
-        ep = rewritten(model, inputs, None if rewrite is True else rewrite)
+    runs = [inputs, *(_at_batch(inputs, batch) for batch in dynamic_batch)]
+    dynamic_shapes = None
+    if dynamic_batch:
+        batch = torch.export.Dim("batch", min=1, max=max(MAX_BATCH, *dynamic_batch))
+        dynamic_shapes = tuple({0: batch} for _ in inputs)
+    with _stage("eager"), torch.no_grad():
+        float_outputs = [out for run in runs for out in _as_list(eager(*run))]
+    with _stage("export"):
+        ep = (model if isinstance(model, torch.export.ExportedProgram)
+              else torch.export.export(eager, inputs, dynamic_shapes=dynamic_shapes))
+    rewriter = _rewriter(rewrite) if rewrite is not False else None
+    if rewriter is not None:
+        with _stage("rewrite"):
+            ep = rewriter(ep)
     partitioner = partitioner if partitioner is not None else xnnguard.XnnpackPartitioner()
-    with torch.no_grad():
-        float_outputs = _as_list(eager(*inputs))
-    if precision == "float":
-        lowered = lower(ep, inputs, partitioner, via_to_backend=via_to_backend, transform_passes=transform_passes)
-        tolerance = max(float_tolerance(reference) for reference in float_outputs)
-        return Run(lowered, run_pte(lowered.buffer, inputs), float_outputs, tolerance)
-    dynamic = is_dynamic(precision)
-    if quantizer == "xnnguard":
-        chosen = xnnguard_quantizer(dynamic=dynamic)
-    elif quantizer == "stock":
-        chosen = xnnpack_quantizer(dynamic=dynamic)
+    if precision in ("float", "fp16"):
+        references = float_outputs
+        with _stage("lower"):
+            lowered = lower(ep, inputs, partitioner, via_to_backend=via_to_backend, transform_passes=transform_passes)
+        if precision == "fp16":
+            with _stage("eager"), torch.no_grad():
+                float32 = [out for run in runs for out in _as_list(float_model(*(x.float() for x in run)))]
+            tolerance = max(fp16_tolerance(ref, flt) for ref, flt in zip(references, float32))
+        else:
+            tolerance = max(float_tolerance(reference) for reference in references)
     else:
-        chosen = quantizer
-    converted = quantize_pt2e(ep, inputs, chosen)
-    with torch.no_grad():
-        references = _as_list(converted(*inputs))
-    program = torch.export.export(converted, inputs)
-    lowered = lower(program, inputs, partitioner, via_to_backend=via_to_backend, transform_passes=transform_passes)
-    tolerance = max(int8_tolerance(converted, ref, dynamic=dynamic, float_reference=flt)
-                    for ref, flt in zip(references, float_outputs))
-    return Run(lowered, run_pte(lowered.buffer, inputs), references, tolerance)
+        dynamic = is_dynamic(precision)
+        if quantizer == "xnnguard":
+            chosen = xnnguard_quantizer(dynamic=dynamic)
+        elif quantizer == "stock":
+            chosen = xnnpack_quantizer(dynamic=dynamic)
+        else:
+            chosen = quantizer
+        with _stage("quantize"):
+            converted = quantize_pt2e(ep, inputs, chosen)
+            with torch.no_grad():
+                references = [out for run in runs for out in _as_list(converted(*run))]
+        with _stage("reexport"):
+            program = torch.export.export(converted, inputs, dynamic_shapes=dynamic_shapes)
+        with _stage("lower"):
+            lowered = lower(program, inputs, partitioner, via_to_backend=via_to_backend,
+                            transform_passes=transform_passes)
+        tolerance = max(int8_tolerance(converted, ref, dynamic=dynamic, float_reference=flt)
+                        for ref, flt in zip(references, float_outputs))
+    outputs = _load_and_run(lowered, runs)
+    return Run(lowered, outputs, references, tolerance,
+               rewrite_report=list(getattr(rewriter, "report", [])),
+               kept_out=list(getattr(partitioner, "report", [])))
+
+
+def _load_and_run(lowered: Lowered, runs: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
+    """Load the program with the real runtime (every method: XNNPACK builds its graphs here), run it on each input."""
+    from xnnguard.boundary.runtime import load_module
+
+    with _stage("load", lowered):
+        module = load_module(lowered.buffer)  # lowered keeps the bytes alive as long as the module
+    with _stage("run", lowered):
+        return [out for run in runs for out in module.forward(run)]

@@ -9,7 +9,8 @@ import torch
 
 __all__ = ["PRECISIONS", "Precision", "is_dynamic", "quantize_pt2e", "xnnguard_quantizer", "xnnpack_quantizer"]
 
-Precision = Literal["float", "static int8", "dynamic int8"]
+# "fp16": the float model cast to half (testbed.flow); PRECISIONS are those every op test runs in.
+Precision = Literal["float", "fp16", "static int8", "dynamic int8"]
 PRECISIONS: tuple[Precision, ...] = ("float", "static int8", "dynamic int8")
 
 

@@ -1,7 +1,17 @@
-"""How close a lowered program must come to its reference: one policy for float, one for int8.
+"""How close a lowered program must come to its reference: one policy for float, one for fp16, one for int8.
 
 * **float**: the program against eager PyTorch, within ``FLOAT_RTOL`` of the reference's scale (its largest
   magnitude, at least 1): XNNPACK sums in other orders and fuses, nothing more may differ.
+* **fp16**: the half program against the half model run eagerly, within what fp16 rounding allows: the
+  larger of ``FP16_RTOL`` of the reference's scale and ``FP16_SLACK`` times the half model's own distance
+  from the float32 model on the same (half) inputs. Both sides round every op's output to fp16 (a unit
+  roundoff of 2**-11), but in other places: PyTorch's CPU kernels accumulate a half op in float and round
+  once, XNNPACK's f16 kernels round where their own tiling does, and a rewrite may split one op into
+  several that each round. One op's difference is a few roundings at the output's scale (``FP16_RTOL`` is
+  eight of them); a deep program's is bounded by how far fp16 rounding moves that very program: eager fp16
+  is that far from float32 and an fp16 program rounding elsewhere is as far again, hence ``FP16_SLACK``.
+  A wrong program (a wrong channel, a missed mask, an op computed in the wrong layout) is off by the
+  values' own scale, orders above either bound.
 * **int8**: the program against the converted pt2e model, within ``INT8_STEPS`` quantization steps. A
   step is the converted model's largest static activation scale (a rounding at a coarse scale carries
   through views to a finer output scale). Under dynamic quantization XNNPACK picks activation scales per
@@ -19,10 +29,13 @@ import torch
 
 __all__ = [
     "FLOAT_RTOL",
+    "FP16_RTOL",
+    "FP16_SLACK",
     "INT8_STEPS",
     "MAX_ERR_SLACK",
     "NETWORK_TOLERANCE",
     "float_tolerance",
+    "fp16_tolerance",
     "int8_tolerance",
     "mean_relative_error",
     "network_matches",
@@ -31,6 +44,8 @@ __all__ = [
 ]
 
 FLOAT_RTOL = 1e-5
+FP16_RTOL = 2**-8  # eight fp16 unit roundoffs (2**-11) of the output's scale
+FP16_SLACK = 2.0
 INT8_STEPS = 2
 # Whole networks, relative to the output's largest magnitude: float through dozens of layers; int8 also
 # within its rounding floor when that is larger (testbed.rounding_floor).
@@ -47,6 +62,15 @@ def _scale(reference: torch.Tensor) -> float:
 def float_tolerance(reference: torch.Tensor) -> float:
     """The largest error a float program may have against eager ``reference``."""
     return FLOAT_RTOL * _scale(reference)
+
+
+def fp16_tolerance(reference: torch.Tensor, float_reference: torch.Tensor) -> float:
+    """The largest error an fp16 program may have against ``reference``, the half model's eager output.
+
+    ``float_reference``: the float32 model's output on the same inputs (the half inputs, cast to float32).
+    """
+    rounding = float((reference.float() - float_reference.float()).abs().max())
+    return max(FP16_RTOL * _scale(reference), FP16_SLACK * rounding)
 
 
 def quant_step(converted: torch.fx.GraphModule, expected: torch.Tensor) -> float:

@@ -1,0 +1,89 @@
+"""testbed.flow: fp16 programs against the half model, a dynamic batch run at other batches, failures named by stage."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from testbed.flow import FlowError, lower_and_run
+from testbed.tolerance import FP16_RTOL, FP16_SLACK, fp16_tolerance
+
+
+class ConvHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.fc = nn.Linear(8 * 6 * 6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def test_an_fp16_program_runs_in_half_and_matches_the_half_model() -> None:
+    model, x = ConvHead().eval(), torch.randn(2, 3, 8, 8)
+    run = lower_and_run(model, x, "fp16")
+    assert run.out.dtype == torch.float16 and run.reference.dtype == torch.float16
+    assert run.lowered.num_delegates == 1 and run.mismatch() is None
+    with torch.no_grad():
+        expected = model.half()(x.half())  # the caller's model was left float32 by the flow; cast it now
+    assert torch.equal(run.reference, expected)
+
+
+def test_the_fp16_flow_leaves_the_callers_model_in_float32() -> None:
+    model = ConvHead().eval()
+    lower_and_run(model, torch.randn(1, 3, 8, 8), "fp16")
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_the_fp16_tolerance_is_a_few_roundings_of_the_output_scale_at_least() -> None:
+    reference = torch.tensor([4.0, -2.0], dtype=torch.float16)
+    assert fp16_tolerance(reference, reference.float()) == FP16_RTOL * 4.0
+
+
+def test_the_fp16_tolerance_grows_with_how_far_fp16_moves_the_model() -> None:
+    reference = torch.tensor([1.0, 0.0], dtype=torch.float16)
+    float_reference = torch.tensor([1.0, 0.125])
+    assert fp16_tolerance(reference, float_reference) == FP16_SLACK * 0.125
+
+
+def test_an_fp16_program_computing_the_wrong_thing_does_not_match() -> None:
+    """The tolerance is rounding's, not a program's mistake: the same conv fed another input is far off."""
+    model, x = ConvHead().eval(), torch.randn(2, 3, 8, 8)
+    run = lower_and_run(model, x, "fp16")
+    from testbed.lowered import run_pte
+
+    run.outputs = run_pte(run.lowered.buffer, (x.flip(0).half(),))
+    assert run.mismatch() is not None and run.mismatch().startswith("max error")  # type: ignore[union-attr]
+
+
+def test_the_fp16_flow_takes_a_module_not_a_program() -> None:
+    model, x = ConvHead().eval(), torch.randn(1, 3, 8, 8)
+    with pytest.raises(ValueError, match="float32 module"):
+        lower_and_run(torch.export.export(model, (x,)), x, "fp16")
+
+
+def test_a_dynamic_batch_program_runs_at_each_batch_asked() -> None:
+    run = lower_and_run(ConvHead().eval(), torch.randn(2, 3, 8, 8), dynamic_batch=(1, 3))
+    assert [out.shape[0] for out in run.outputs] == [2, 1, 3]
+    assert run.mismatch() is None
+
+
+def test_a_model_export_rejects_fails_at_the_export_stage() -> None:
+    class DataDependent(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x if x.sum() > 0 else -x  # control flow on a value: export cannot trace it
+
+    with pytest.raises(FlowError) as failure:
+        lower_and_run(DataDependent(), torch.randn(4, 4))
+    assert failure.value.stage == "export" and failure.value.lowered is None
+
+
+def test_the_rewriter_given_is_the_one_that_runs_and_keeps_its_report() -> None:
+    import xnnguard
+
+    rewriter = xnnguard.XnnpackRewriter(strict=True)
+    model = nn.Sequential(nn.Conv3d(2, 4, 3), nn.ReLU()).eval()
+    run = lower_and_run(model, torch.randn(1, 2, 3, 6, 6), rewrite=rewriter)
+    assert rewriter.report == run.rewrite_report == []
+    assert run.lowered.num_delegates == 1 and run.mismatch() is None
