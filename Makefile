@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xnnguard-installed
 
-.PHONY: demo lint test test-all bench compat clean
+.PHONY: demo lint test test-all bench fuzz compat clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,16 @@ test-all: $(STAMP) lint
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
+# `make fuzz`: random networks of the domain (testbed/fuzz), each seed in every mode (float32, fp16, static
+# and dynamic int8, a dynamic batch), each program in a child process; writes fuzz-out/report.md and a
+# repro per finding. Long: FUZZ_SEEDS=50 (a count), 100-199 or 3,7,9; FUZZ_MODES=fp16,float32; FUZZ_JOBS
+# programs at a time; FUZZ_ARGS=--resume continues a stopped run.
+FUZZ_SEEDS ?= 500
+FUZZ_MODES ?= all
+FUZZ_JOBS ?= 1
+fuzz: $(STAMP)
+	$(PY) -m testbed.fuzz --seeds $(FUZZ_SEEDS) --modes $(FUZZ_MODES) --jobs $(FUZZ_JOBS) --out fuzz-out $(FUZZ_ARGS)
+
 # `make compat`: the test suite on every supported ExecuTorch release, one venv each under .venv-compat/
 # (built once, then reused until pyproject.toml changes; torch 2.13.0 from this machine's wheel, as in
 # .venv). COMPAT_RELEASES=1.4.0 runs one; TIER picks the tests by marker (`TIER=release_sensitive`: what
@@ -59,4 +69,4 @@ compat: $(foreach release,$(COMPAT_RELEASES),$(COMPAT_DIR)/$(release)/.xnnguard-
 	echo "make compat: passed on ExecuTorch $(COMPAT_RELEASES)"
 
 clean:
-	rm -rf $(VENV) $(COMPAT_DIR) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(COMPAT_DIR) build *.egg-info .pytest_cache .mypy_cache .ruff_cache fuzz-out
