@@ -3,6 +3,7 @@
     python -m testbed.fuzz --seeds 500                 # seeds 0-499, each in every mode
     python -m testbed.fuzz --seeds 100-199 --modes fp16,float32 --jobs 2
     python -m testbed.fuzz --resume                     # skip the programs results.jsonl has already
+    python -m testbed.fuzz --resume --retry timeout     # ... but run those that timed out again
     python -m testbed.fuzz --report-only                # rewrite report.md and the repros from results.jsonl
 
 Each outcome is appended to ``<out>/results.jsonl`` as it comes (a long run can be stopped and resumed);
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from testbed.fuzz import report
 from testbed.fuzz.generator import Network, generate
-from testbed.fuzz.runner import MODES, TIMEOUT_S, Outcome, Runner
+from testbed.fuzz.runner import MODES, STATUSES, TIMEOUT_S, Outcome, Runner
 
 logger = logging.getLogger("testbed.fuzz")
 
@@ -55,6 +56,14 @@ def modes(text: str) -> list[str]:
     return chosen
 
 
+def statuses(text: str) -> list[str]:
+    chosen = [status.strip() for status in text.split(",") if status.strip()]
+    unknown = [status for status in chosen if status not in STATUSES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown status {', '.join(unknown)}: the statuses are {', '.join(STATUSES)}")
+    return chosen
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m testbed.fuzz", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -64,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=1, help="programs run at a time (one child each)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds before a program counts as hung")
     parser.add_argument("--resume", action="store_true", help="keep results.jsonl, skip the programs it has")
+    parser.add_argument("--retry", type=statuses, default=[],
+                        help="with --resume: run the programs that came to these statuses again (timeout,crash)")
     parser.add_argument("--report-only", action="store_true", help="only rewrite the report from results.jsonl")
     return parser
 
@@ -91,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("report: %s", report.write(out, report.read(results)))
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    done = {(o.seed, o.mode) for o in report.read(results)} if arguments.resume and results.exists() else set()
+    done = {(o.seed, o.mode) for o in report.read(results) if o.status not in arguments.retry} \
+        if arguments.resume and results.exists() else set()
     if not arguments.resume:
         results.write_text("")
     programs = [(seed, mode) for seed in arguments.seeds for mode in arguments.modes if (seed, mode) not in done]

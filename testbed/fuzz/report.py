@@ -114,6 +114,19 @@ def _outside_table(outcomes: Sequence[Outcome]) -> list[str]:
     return rows
 
 
+def _rewrite_table(outcomes: Sequence[Outcome]) -> list[str]:
+    """What the rewriter left as it was (its report: ``node (op): reason``), by op and reason, and where."""
+    programs: dict[str, set[tuple[int, str]]] = defaultdict(set)
+    for outcome in outcomes:
+        for record in outcome.rewrite_report:
+            programs[_reason(re.sub(r"^\S+ \(", "(", record))].add((outcome.seed, outcome.mode))
+    rows = ["| (op): reason | programs | modes (programs) |", "| --- | --- | --- |"]
+    for record, where in sorted(programs.items(), key=lambda item: (-len(item[1]), item[0])):
+        modes = ", ".join(f"{mode} {n}" for mode, n in sorted(Counter(mode for _, mode in where).items()))
+        rows.append(f"| {_cell(record)} | {len(where)} | {modes} |")
+    return rows
+
+
 def _outside_ops(outcome: Outcome) -> str:
     ops = {op: n for op, n in outcome.outside.items() if _is_compute(op)}
     return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(ops.items())) or "-"
@@ -168,6 +181,12 @@ def markdown(outcomes: Sequence[Outcome], title: str = "xnnguard fuzz run") -> s
         "the programs they occur in.",
         "",
         *_outside_table(outcomes),
+        "",
+        "## Left as it was by the rewriter",
+        "",
+        "The rewriter's report: nodes a rewrite could not replace (numbers as N).",
+        "",
+        *_rewrite_table(outcomes),
         "",
         "## Wrong, failing, crashing and hanging programs",
         "",

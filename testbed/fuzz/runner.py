@@ -51,7 +51,7 @@ FAILED = {
     "run": "run failed",
 }
 STATUSES = ("ok", "wrong", *FAILED.values(), "crash", "timeout", "invalid")
-TIMEOUT_S = 300.0
+TIMEOUT_S = 600.0  # a lone batch norm's int8 fold (torchao) alone can take minutes on a busy machine
 
 
 @dataclass
@@ -66,16 +66,22 @@ class Outcome:
     outside: dict[str, int] = field(default_factory=dict)  # op -> nodes left outside XNNPACK
     kept_out: list[tuple[str, str, str]] = field(default_factory=list)  # the partitioner's (op, rule, reason)
     rewrite_report: list[str] = field(default_factory=list)
-    stock: str | None = None  # a wrong or failing program: what stock ExecuTorch's flow makes of it
+    stock: str | None = None  # a wrong or failing program: what stock ExecuTorch's flow makes of it (a status)
     max_error: float | None = None
     tolerance: float | None = None
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall time (of the child, when it reported)
+    cpu_s: float | None = None  # CPU time of the program in its child (a shared machine's wall time is not)
     ops: list[str] = field(default_factory=list)  # the network's catalogue ops
     batch: int = 1  # the network's example batch
     source: str = ""  # the network's source: a report written later needs no generator of the same version
 
     def network(self) -> Network:
         return Network(self.seed, self.batch, tuple(self.ops), self.source)
+
+    @property
+    def stock_wanted(self) -> bool:
+        """A wrong or failing program is also run the stock way (a crash or a timeout ended its child)."""
+        return self.status not in ("ok", "invalid", "crash", "timeout")
 
     @property
     def split(self) -> bool:
@@ -118,7 +124,7 @@ def run_program(network: Network, mode: str, runtime_log: Callable[[], str] | No
     from testbed.flow import FlowError, lower_and_run
     from testbed.network_flow import failure_lines
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     outcome = Outcome(network.seed, mode, ops=list(network.ops), batch=network.batch, source=network.source)
     rewriter = xnnguard.XnnpackRewriter(strict=True)
     partitioner = xnnguard.XnnpackPartitioner()
@@ -149,9 +155,8 @@ def run_program(network: Network, mode: str, runtime_log: Callable[[], str] | No
         outcome.outside = dict(lowered.outside_ops())
     outcome.kept_out = [(record.op, record.rule.value, record.reason) for record in partitioner.report]
     outcome.rewrite_report = [str(record) for record in rewriter.report]
-    if outcome.status not in ("ok", "invalid"):
-        outcome.stock = stock_status(network, mode)
     outcome.seconds = time.perf_counter() - started
+    outcome.cpu_s = time.process_time() - cpu_started
     return outcome
 
 
@@ -194,7 +199,10 @@ def _child(sender: Connection, network: Network, mode: str, log_path: str) -> No
         from xnnguard.boundary.runtime import reset_threadpool
 
         reset_threadpool(1)  # the machine is shared: one thread per program
-        sender.send(run_program(network, mode, runtime_log))
+        outcome = run_program(network, mode, runtime_log)
+        sender.send(outcome)
+        if outcome.stock_wanted:  # then, on its own time, what stock ExecuTorch makes of it
+            sender.send(stock_status(network, mode))
     except BaseException:
         traceback.print_exc()
         raise
@@ -227,6 +235,7 @@ class _Running:
     receiver: Connection
     log_path: Path
     started: float
+    outcome: Outcome | None = None  # received; the child now runs the program the stock way
 
 
 class Runner:
@@ -283,29 +292,46 @@ class Runner:
         return _Running(network, mode, process, receiver, log_path, time.monotonic())
 
     def _poll(self, job: _Running, ready: list[Any]) -> Outcome | None:
-        """The job's outcome if it sent one, died, or ran out of time; None while it is still working."""
-        elapsed = time.monotonic() - job.started
-        outcome = None
+        """The job's outcome once it is complete (sent, with the stock verdict when wanted), or once the child
+        died or ran out of time; None while it is still working. The stock run has a timeout of its own."""
+        message, gone = None, False
         if job.receiver in ready:
             try:
-                outcome = job.receiver.recv()
+                message = job.receiver.recv()
             except (EOFError, OSError):
-                outcome = None  # it died before sending: a crash, told by its exit code below
-            job.process.join(timeout=30)
-            if outcome is None:
-                outcome = self._failed(job, "crash", _crash_description(job.log_path, job.process.exitcode))
+                gone = True  # it died before sending: a crash, told by its exit code below
         elif job.process.sentinel in ready:
-            job.process.join(timeout=30)
-            outcome = self._failed(job, "crash", _crash_description(job.log_path, job.process.exitcode))
-        elif elapsed >= self.timeout:
+            gone = True
+        elif time.monotonic() - job.started >= self.timeout:
             job.process.kill()
+            if job.outcome is None:
+                return self._finish(job, self._failed(job, "timeout", f"no outcome after {self.timeout:g} s"))
+            job.outcome.stock = "timeout"
+            return self._finish(job, job.outcome)
+        if gone:
             job.process.join(timeout=30)
-            outcome = self._failed(job, "timeout", f"no outcome after {self.timeout:g} s")
-        if outcome is None:
+            if job.outcome is None:
+                return self._finish(job, self._failed(job, "crash",
+                                                      _crash_description(job.log_path, job.process.exitcode)))
+            job.outcome.stock = "crash"
+            return self._finish(job, job.outcome)
+        if message is None:
             return None
-        job.receiver.close()
+        if job.outcome is None:
+            job.outcome = message
+            if not message.stock_wanted:
+                return self._finish(job, message)
+            job.started = time.monotonic()  # the stock run's own time
+            return None
+        job.outcome.stock = message
+        return self._finish(job, job.outcome)
+
+    def _finish(self, job: _Running, outcome: Outcome) -> Outcome:
+        job.process.join(timeout=30)
         if job.process.is_alive():
             job.process.kill()
+            job.process.join(timeout=30)
+        job.receiver.close()
         if not outcome.finding and outcome.status != "invalid":
             job.log_path.unlink(missing_ok=True)
         return outcome
