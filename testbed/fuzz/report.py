@@ -127,6 +127,22 @@ def _rewrite_table(outcomes: Sequence[Outcome]) -> list[str]:
     return rows
 
 
+def _split_causes(outcomes: Sequence[Outcome]) -> list[str]:
+    """For the programs split into several delegates: how many leave each compute op outside, by mode."""
+    split = [o for o in outcomes if o.split]
+    programs: dict[str, set[tuple[int, str]]] = defaultdict(set)
+    for outcome in split:
+        for op in outcome.outside:
+            if _is_compute(op):
+                programs[op].add((outcome.seed, outcome.mode))
+    rows = [f"{len(split)} programs split. Compute ops they leave outside (a program counts once per op):", "",
+            "| op outside | split programs | modes (programs) |", "| --- | --- | --- |"]
+    for op, where in sorted(programs.items(), key=lambda item: (-len(item[1]), item[0])):
+        modes = ", ".join(f"{mode} {n}" for mode, n in sorted(Counter(mode for _, mode in where).items()))
+        rows.append(f"| `{op}` | {len(where)} | {modes} |")
+    return rows
+
+
 def _outside_ops(outcome: Outcome) -> str:
     ops = {op: n for op, n in outcome.outside.items() if _is_compute(op)}
     return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(ops.items())) or "-"
@@ -199,6 +215,8 @@ def markdown(outcomes: Sequence[Outcome], title: str = "xnnguard fuzz run") -> s
           f"{_cell(o.error)} | `repro/{o.seed}-{o.mode}.py` |" for o in findings),
         "",
         "## Programs split into more than one delegate",
+        "",
+        *_split_causes(outcomes),
         "",
         "| program | delegates | compute left outside | network | repro |",
         "| --- | --- | --- | --- | --- |",
