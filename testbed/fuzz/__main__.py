@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", type=modes, default=list(MODES), help=f"all, or some of {', '.join(MODES)}")
     parser.add_argument("--out", type=Path, default=Path("fuzz-out"), help="where results and the report go")
     parser.add_argument("--jobs", type=int, default=1, help="programs run at a time (one child each)")
-    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds before a program counts as hung")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                        help="CPU seconds before a program counts as hung (wall time: 6 times that)")
     parser.add_argument("--resume", action="store_true", help="keep results.jsonl, skip the programs it has")
     parser.add_argument("--retry", type=statuses, default=[],
                         help="with --resume: run the programs that came to these statuses again (timeout,crash)")

@@ -7,8 +7,10 @@ run at other batches. It goes through ``testbed.flow.lower_and_run`` (the flow t
 partitioner's ``report``: rule and reason) and the rewriter's report.
 
 A native crash or a hang is an outcome too: each program runs in a child forked from a server that has
-imported and warmed up torch, ExecuTorch and xnnguard once (``testbed.fuzz.warm``), is killed after
-``timeout`` seconds, and its stdout and stderr go to a log file. A network PyTorch itself cannot run or
+imported and warmed up torch, ExecuTorch and xnnguard once (``testbed.fuzz.warm``), and its stdout and
+stderr go to a log file. A child is killed as hung after ``timeout`` seconds of CPU (a loop) or
+``HANG_FACTOR`` times that of wall time (a deadlock): on a shared machine a child that waits for a core
+is slow, not hung. A network PyTorch itself cannot run or
 export (in fp16: a CPU kernel without half, an overflow) is ``invalid``, not a finding.
 """
 
@@ -51,7 +53,9 @@ FAILED = {
     "run": "run failed",
 }
 STATUSES = ("ok", "wrong", *FAILED.values(), "crash", "timeout", "invalid")
-TIMEOUT_S = 600.0  # a lone batch norm's int8 fold (torchao) alone can take minutes on a busy machine
+TIMEOUT_S = 600.0  # CPU seconds; a lone batch norm's int8 fold (torchao) alone takes a minute or two
+HANG_FACTOR = 6  # wall time allowed, in CPU timeouts
+POLL_S = 5.0  # how often the children's CPU time is read
 
 
 @dataclass
@@ -217,6 +221,15 @@ def _context() -> multiprocessing.context.ForkServerContext:
     return context
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` so far (Linux /proc); 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
+
 def _crash_description(log_path: Path, exitcode: int | None) -> str:
     how = f"killed by signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
     try:
@@ -236,10 +249,12 @@ class _Running:
     log_path: Path
     started: float
     outcome: Outcome | None = None  # received; the child now runs the program the stock way
+    cpu_started: float = 0.0  # the child's CPU seconds when the current part (program, stock run) began
 
 
 class Runner:
-    """Runs programs in forked children, ``jobs`` at a time, each killed after ``timeout`` seconds.
+    """Runs programs in forked children, ``jobs`` at a time, each killed as hung after ``timeout`` CPU seconds
+    (or ``HANG_FACTOR`` times that of wall time).
 
     ``log_dir``: where each child's output goes (``<seed>-<mode>.log``, removed when the program is ok);
     a temporary folder by default.
@@ -270,9 +285,8 @@ class Runner:
                         running.append(self._start(*program))
                 if not running:
                     break
-                deadline = min(job.started + self.timeout for job in running)
                 ready = wait([job.receiver for job in running] + [job.process.sentinel for job in running],
-                             timeout=max(0.0, deadline - time.monotonic()))
+                             timeout=POLL_S)
                 for job in list(running):
                     outcome = self._poll(job, ready)
                     if outcome is not None:
@@ -302,10 +316,10 @@ class Runner:
                 gone = True  # it died before sending: a crash, told by its exit code below
         elif job.process.sentinel in ready:
             gone = True
-        elif time.monotonic() - job.started >= self.timeout:
+        elif (hung := self._hung(job)) is not None:
             job.process.kill()
             if job.outcome is None:
-                return self._finish(job, self._failed(job, "timeout", f"no outcome after {self.timeout:g} s"))
+                return self._finish(job, self._failed(job, "timeout", hung))
             job.outcome.stock = "timeout"
             return self._finish(job, job.outcome)
         if gone:
@@ -321,10 +335,20 @@ class Runner:
             job.outcome = message
             if not message.stock_wanted:
                 return self._finish(job, message)
-            job.started = time.monotonic()  # the stock run's own time
+            job.started, job.cpu_started = time.monotonic(), _cpu_seconds(job.process.pid)  # the stock run's own
             return None
         job.outcome.stock = message
         return self._finish(job, job.outcome)
+
+    def _hung(self, job: _Running) -> str | None:
+        """Why the job counts as hung (over its CPU or wall time), or None."""
+        cpu = _cpu_seconds(job.process.pid) - job.cpu_started
+        wall = time.monotonic() - job.started
+        if cpu >= self.timeout:
+            return f"no outcome after {cpu:.0f} s of CPU"
+        if wall >= HANG_FACTOR * self.timeout:
+            return f"no outcome after {wall:.0f} s ({cpu:.0f} s of CPU)"
+        return None
 
     def _finish(self, job: _Running, outcome: Outcome) -> Outcome:
         job.process.join(timeout=30)
