@@ -30,8 +30,30 @@ test: $(STAMP) lint
 test-all: $(STAMP) lint
 	$(PY) -m pytest -q -n auto --dist loadgroup $(PYTEST_ARGS)
 
-bench: $(STAMP)
-	$(PY) -m benchmarks
+# `make bench` also times xnnguard's programs against ONNX Runtime and LiteRT (benchmarks/bench_peers.py):
+# ONNX Runtime from the `bench` extra in .venv; LiteRT in a venv of its own, because litert-torch pins
+# typing_extensions below what ExecuTorch's dependencies ask. Both are built on first use, like .venv.
+# PEERS_SIZE=full times the zoo at its published sizes too (long); PEERS_ARGS passes more arguments.
+BENCH_STAMP := $(VENV)/.xnnguard-bench-installed
+LITERT_VENV := .venv-litert
+LITERT_PACKAGES := litert-torch==0.10.0
+LITERT_STAMP := $(LITERT_VENV)/.litert-installed
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	@touch $@
+
+# torch 2.13.0 first, from this machine's CPU wheel: litert-torch asks torch<2.15, and an unpinned torch
+# would bring a CUDA build of several GB.
+$(LITERT_STAMP): Makefile
+	@test -x $(LITERT_VENV)/bin/python || $(PYTHON) -m venv $(LITERT_VENV)
+	$(LITERT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LITERT_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(LITERT_VENV)/bin/python -m pip install --quiet $(LITERT_PACKAGES) torch==2.13.0
+	@touch $@
+
+bench: $(BENCH_STAMP) $(LITERT_STAMP)
+	XNNGUARD_LITERT_PYTHON=$(LITERT_VENV)/bin/python $(PY) -m benchmarks
 
 # `make fuzz`: random networks of the domain (testbed/fuzz), each seed in every mode (float32, fp16, static
 # and dynamic int8, a dynamic batch), each program in a child process; writes fuzz-out/report.md and a
@@ -69,4 +91,4 @@ compat: $(foreach release,$(COMPAT_RELEASES),$(COMPAT_DIR)/$(release)/.xnnguard-
 	echo "make compat: passed on ExecuTorch $(COMPAT_RELEASES)"
 
 clean:
-	rm -rf $(VENV) $(COMPAT_DIR) build *.egg-info .pytest_cache .mypy_cache .ruff_cache fuzz-out
+	rm -rf $(VENV) $(COMPAT_DIR) $(LITERT_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache fuzz-out

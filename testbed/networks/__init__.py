@@ -1,12 +1,13 @@
 """A zoo of video, 3-D and VLM-vision networks with random weights, for measuring whole-network lowering.
 
-Each builder is ``build(size="bench") -> (model, example_inputs)``, model in eval mode, weights and
-inputs fixed by a seed (so a fresh process builds the same network). ``"bench"`` keeps the original
-layer structure at reduced width/depth/resolution (one eager forward on 2 threads in roughly 5-100 ms);
-``"test"`` has the same op structure, tiny, for the test suite. Each module's docstring says which
-architecture it follows and what it simplifies. A model that must be exported with dynamic dims carries
-their spec in ``model.export_dynamic_shapes``; one without a batch dim says in ``model.dynamic_batch_shapes``
-what a "dynamic batch" is for it. ``python -m benchmarks.network_report`` lowers them.
+Each builder is ``build(size="bench") -> (model, example_inputs)``, model in eval mode, weights and inputs
+fixed by a seed (so a fresh process builds the same network). ``"bench"`` keeps the original layer structure
+at reduced width/depth/resolution (one eager forward on 2 threads in roughly 5-100 ms); ``"test"`` has the
+same op structure, tiny, for the test suite; ``"full"`` is the published network: its widths, depths and input
+size (seconds to minutes a forward; for ``bench_peers --size full``). Each module's docstring says which
+architecture it follows and what it simplifies. A model that must be exported with dynamic dims carries their
+spec in ``model.export_dynamic_shapes``; one without a batch dim says in ``model.dynamic_batch_shapes`` what a
+"dynamic batch" is for it. ``python -m benchmarks.network_report`` lowers them.
 """
 
 from __future__ import annotations

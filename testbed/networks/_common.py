@@ -12,7 +12,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-SIZES = ("bench", "test")
+SIZES = ("bench", "test", "full")
 
 Built = tuple[nn.Module, tuple[torch.Tensor, ...]]
 Config = TypeVar("Config")

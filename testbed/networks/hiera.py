@@ -10,9 +10,9 @@ mask units of (1, 8, 8) tokens in the first two stages and global attention afte
 Hiera does), channel doubling with ``do_pool(proj(x_norm))`` on the skip, LayerNorm, GELU MLP; mean
 over tokens, LayerNorm, linear head.
 
-What is simplified: widths (48 instead of 96) and depths ((1, 2, 3, 1) instead of Hiera-B's
-(2, 3, 16, 3)), clip 8 x 96 x 96 instead of 16 x 224 x 224; no drop path; no masking (MAE pretraining
-only).
+What is simplified at "bench" ("full" is Hiera-B 16x224): widths (48 instead of 96) and depths ((1, 2, 3, 1)
+instead of Hiera-B's (2, 3, 16, 3)), clip 8 x 96 x 96 instead of 16 x 224 x 224; no drop path; no masking (MAE
+pretraining only).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class HieraConfig:
 CONFIGS = {
     "bench": HieraConfig(embed_dim=48, stages=(1, 2, 3, 1), frames=8, resolution=96),
     "test": HieraConfig(embed_dim=16, stages=(1, 2, 1, 1), frames=4, resolution=64),
+    "full": HieraConfig(embed_dim=96, stages=(2, 3, 16, 3), frames=16, resolution=224),
 }
 
 

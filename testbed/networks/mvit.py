@@ -9,10 +9,10 @@ embeddings added to the scores (``_add_rel_pos``: two 6-D einsums, a temporal ma
 broadcast sum, added in place into ``attn[:, :, 1:, 1:]``); residual pooling (``x[:, :, 1:] += q[:, :, 1:]``);
 a MaxPool3d skip at the pooled blocks; pre-norm blocks with a GELU MLP; LayerNorm and a class-token head.
 
-What is simplified: widths (48 instead of 96 at the first stage), depths ((1, 2, 3, 1) instead of
-(1, 2, 11, 2)) and resolution (8 x 96 x 96 instead of 16 x 224 x 224); dropout and stochastic depth are
-inactive in eval mode and left out; the relative position tables always match the scores, so
-torchvision's ``_interpolate`` of them (a no-op at the trained resolution) is left out too.
+What is simplified at "bench" ("full" is ``mvit_v2_s`` itself): widths (48 instead of 96 at the first stage),
+depths ((1, 2, 3, 1) instead of (1, 2, 11, 2)) and resolution (8 x 96 x 96 instead of 16 x 224 x 224); dropout
+and stochastic depth are inactive in eval mode and left out; the relative position tables always match the
+scores, so torchvision's ``_interpolate`` of them (a no-op at the trained resolution) is left out too.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ CONFIGS = {
     "bench": MViTConfig(dims=(48, 96, 192, 384), depths=(1, 2, 3, 1), heads=(1, 2, 4, 8), frames=8, resolution=96),
     # one block per stage keeps both block kinds (stage 1: neither pooling Q nor widening; later: both)
     "test": MViTConfig(dims=(16, 32, 64), depths=(1, 1, 1), heads=(1, 2, 2), frames=4, resolution=64),
+    "full": MViTConfig(dims=(96, 192, 384, 768), depths=(1, 2, 11, 2), heads=(1, 2, 4, 8), frames=16,
+                       resolution=224),
 }
 
 

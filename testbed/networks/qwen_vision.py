@@ -16,8 +16,8 @@ the builder's model carries the spec in ``export_dynamic_shapes``.
 
 What is simplified: one image per call, so ``cu_seqlens`` is [0, N] and the patch (row, column) ids are
 an input computed by the caller (the processor knows ``grid_thw``; in transformers ``rot_pos_emb``
-computes them in Python from it); widths (256 instead of 1280, 4 heads, 4 blocks instead of 32 at
-"bench") and a 224 x 224 image (16 x 16 patches).
+computes them in Python from it); at "bench", widths (256 instead of 1280, 4 heads, 4 blocks instead of 32 at
+"bench") and a 224 x 224 image (16 x 16 patches); "full" is Qwen2-VL-2B's tower on the same image.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class QwenVisionConfig:
 CONFIGS = {
     "bench": QwenVisionConfig(embed_dim=256, depth=4, heads=4, hidden_size=512, grid=16),
     "test": QwenVisionConfig(embed_dim=32, depth=2, heads=2, hidden_size=64, grid=4),
+    # Qwen2-VL-2B's tower (the 7B's differs only in hidden_size, 3584)
+    "full": QwenVisionConfig(embed_dim=1280, depth=32, heads=16, hidden_size=1536, grid=16),
 }
 
 

@@ -7,8 +7,9 @@ stride split between them), ``midplanes = in*out*27 // (in*9 + 3*out)`` as torch
 1x1x1 strided Conv3d + BN downsample where the shape changes, in-place residual add + ReLU,
 AdaptiveAvgPool3d(1), flatten, fc.
 
-What is simplified: channel widths scaled by ``width`` (0.5 at "bench": 32..256 instead of 64..512,
-stem 22 -> 32), and the clip is 8 x 64 x 64 instead of 16 x 112 x 112.
+What is simplified at "bench" ("full" is ``r2plus1d_18`` on its 16 x 112 x 112 clip): channel widths scaled by
+``width`` (0.5 at "bench": 32..256 instead of 64..512, stem 22 -> 32), and the clip is 8 x 64 x 64 instead of
+16 x 112 x 112.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ CONFIGS = {
     "bench": R2Plus1DConfig(width=0.5, frames=8, resolution=64),
     # one block a layer keeps both kinds (layer 1: identity skip; later: strided, with a downsample)
     "test": R2Plus1DConfig(width=0.125, frames=4, resolution=32, layers=(1, 1, 1, 1)),
+    "full": R2Plus1DConfig(width=1.0, frames=16, resolution=112),
 }
 
 

@@ -7,10 +7,10 @@ the nine four-branch ``SepInceptionBlock3D`` blocks (1x1x1; 1x1x1 -> separable k
 k3; MaxPool3d k3 s1 -> 1x1x1, concatenated on channels); BatchNorm3d(eps=1e-3); the AvgPool3d over the
 final volume, the 1x1x1 Conv3d classifier and the mean over (2, 3, 4).
 
-What is simplified: every channel count is scaled by ``width`` (0.5 at "bench", rounded to multiples of
-8) and the clip is 8 x 112 x 112 instead of 16 x 224 x 224 ("test" keeps one inception block per
-resolution); the AvgPool3d kernel is the final volume's size (torchvision's (2, 7, 7) is that size at
-16 x 224 x 224); dropout is inactive in eval mode.
+What is simplified at "bench" ("full" is torchvision's widths on a 16 x 224 x 224 clip): every channel count
+is scaled by ``width`` (0.5 at "bench", rounded to multiples of 8) and the clip is 8 x 112 x 112 instead of 16
+x 224 x 224 ("test" keeps one inception block per resolution); the AvgPool3d kernel is the final volume's size
+(torchvision's (2, 7, 7) is that size at 16 x 224 x 224); dropout is inactive in eval mode.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ CONFIGS = {
     "bench": S3DConfig(width=0.5, frames=8, resolution=112),
     # one inception block per resolution: the same ops, a third of the graph (lowering time is per node)
     "test": S3DConfig(width=0.125, frames=8, resolution=32, blocks=("3b", "4b", "5b")),
+    "full": S3DConfig(width=1.0, frames=16, resolution=224),
 }
 
 

@@ -12,9 +12,10 @@ attention mask built with slice assignment into ``new_zeros`` and compared pairw
 bias-free Linear 4C -> 2C); final LayerNorm, permute, AdaptiveAvgPool3d(1), flatten, head.
 Blocks alternate shift 0 and window // 2, as in torchvision.
 
-What is simplified: embed dim 48 instead of 96 (heads scaled with it), depths (2, 2, 2, 2) instead of
-(2, 2, 6, 2), clip 8 x 96 x 96 instead of 32 x 224 x 224 (so windows are padded at the first two
-stages and shrink to the input at the last two); dropout and stochastic depth are inactive in eval mode.
+What is simplified at "bench" ("full" is ``swin3d_t`` on its 32 x 224 x 224 clip): embed dim 48 instead of 96
+(heads scaled with it), depths (2, 2, 2, 2) instead of (2, 2, 6, 2), clip 8 x 96 x 96 instead of 32 x 224 x
+224 (so windows are padded at the first two stages and shrink to the input at the last two); dropout and
+stochastic depth are inactive in eval mode.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ CONFIGS = {
     "bench": Swin3DConfig(embed_dim=48, depths=(2, 2, 2, 2), heads=(3, 6, 12, 24), frames=8, resolution=96),
     # only the first stage is larger than a window, so only it shifts: one block a stage after it
     "test": Swin3DConfig(embed_dim=16, depths=(2, 1, 1), heads=(1, 2, 4), frames=4, resolution=40),
+    "full": Swin3DConfig(embed_dim=96, depths=(2, 2, 6, 2), heads=(3, 6, 12, 24), frames=32, resolution=224),
 }
 
 

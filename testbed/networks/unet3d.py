@@ -11,7 +11,8 @@ supervision off, as at inference).
 choices: Conv3d + GroupNorm(8) + PReLU, downsampling by strided conv, upsampling by nearest
 ``nn.Upsample(scale_factor=2)`` followed by a Conv3d, skip concatenation.
 
-What is simplified: 4 stages with 8..64 channels at "bench" (nnU-Net: 6 stages, 32..320) and a 1 x 1 x
+What is simplified at "bench" ("full" is nnU-Net's 3d_fullres plan, six stages of 32..320 channels on a
+128^3 patch, for both styles): 4 stages with 8..64 channels at "bench" (nnU-Net: 6 stages, 32..320) and a 1 x 1 x
 16 x 32 x 32 volume instead of a 128^3 patch; no anisotropic first-stage kernels.
 """
 
@@ -39,6 +40,8 @@ CONFIGS = {
     "bench": UNetConfig(features=(8, 16, 32, 64), depth=16, resolution=32),
     # three stages: the same blocks, skips and up-sampling at every level as four
     "test": UNetConfig(features=(4, 8, 16), depth=8, resolution=16),
+    # nnU-Net's 3d_fullres plan for an isotropic volume: six stages, 32..320 channels, a 128^3 patch
+    "full": UNetConfig(features=(32, 64, 128, 256, 320, 320), depth=128, resolution=128),
 }
 
 NormAct = Callable[[int], list[nn.Module]]

@@ -18,8 +18,9 @@ the first) followed by a causal conv, instead of Wan's ``time_conv`` + reshape.
 
 What is simplified: no feature cache (Wan decodes chunk by chunk with a cache of the last frames; here
 the whole latent clip is decoded at once, which is the same causal function); the first frame is not
-treated apart when upsampling time; widths (base 8 at "bench" instead of 96) and the latent
-(16 x 2 x 6 x 6 -> a 3 x 8 x 48 x 48 clip) are reduced.
+treated apart when upsampling time; at "bench", widths (base 8 at "bench" instead of 96) and the latent
+(16 x 2 x 6 x 6 -> a 3 x 8 x 48 x 48 clip) are reduced; "full" has Wan's widths and depth on a 16 x 2 x 16 x 16
+latent (a 3 x 8 x 128 x 128 clip: Wan decodes 480p clips chunk by chunk, each chunk far larger).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ CONFIGS = {
     # one residual block a stage, one up-sampling in time and space and one in space only
     "test": VAEConfig(base=4, mult=(2, 2, 1), temporal_up=(True, False), latent_frames=2, latent_size=4,
                       res_blocks=0),
+    # Wan 2.1's widths (96 x (4, 4, 2, 1)) and num_res_blocks=2 (three residual blocks an up-stage); a
+    # 2 x 16 x 16 latent, an 8 x 128 x 128 clip (0.6 T multiply-adds; Wan decodes 480p chunk by chunk)
+    "full": VAEConfig(base=96, mult=(4, 4, 2, 1), temporal_up=(True, True, False), latent_frames=2,
+                      latent_size=16, res_blocks=2),
 }
 
 

@@ -10,7 +10,8 @@ mean pooling of the tokens, ``fc_norm`` LayerNorm and the linear head.
 ``build_sdpa`` (registered as ``videomae_sdpa``) is the same network with the attention written as
 ``F.scaled_dot_product_attention``, as Hugging Face's ``VideoMAEModel`` runs it with the SDPA backend.
 
-What is simplified: ViT-S/16 widths (dim 384, 6 heads) but depth 4 instead of 12 at "bench"; the clip
+What is simplified at "bench" ("full" is VideoMAE ViT-B/16, as fine-tuned on Kinetics-400, on its 16 x
+224 x 224 clip): ViT-S/16 widths (dim 384, 6 heads) but depth 4 instead of 12 at "bench"; the clip
 is 8 x 112 x 112 (4 x 7 x 7 tokens) instead of 16 x 224 x 224; no drop path.
 """
 
@@ -39,6 +40,7 @@ class VideoMAEConfig:
 CONFIGS = {
     "bench": VideoMAEConfig(dim=384, depth=4, heads=6, frames=8, resolution=112),
     "test": VideoMAEConfig(dim=32, depth=2, heads=2, frames=4, resolution=32),
+    "full": VideoMAEConfig(dim=768, depth=12, heads=12, frames=16, resolution=224),
 }
 
 
