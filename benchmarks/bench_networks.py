@@ -29,14 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.gemm_floor import heavy_ops_ms
-from benchmarks.network_report import (
-    MAX_DELEGATES,
-    Result,
-    compute_outside,
-    details,
-    lower_in_fresh_process,
-    time_network,
-)
+from benchmarks.network_report import details, lower_in_fresh_process, time_network
+from testbed.network_flow import MAX_DELEGATES, Result, compute_outside
 
 MIN_RATIO = 1.5
 MEDIAN_RATIO = 4.0
