@@ -28,6 +28,7 @@ import platform
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -313,7 +314,9 @@ def machine_info(threads: int, litert: str | None) -> Machine:
 
 
 def run(names: list[str], size: str, runtimes: tuple[str, ...], threads: int, rounds: int, turn_s: float,
-        litert: str | None, directory: Path) -> tuple[list[Row], dict[str, dict[str, Any]]]:
+        litert: str | None, directory: Path, done: Callable[[list[Row]], None] = lambda rows: None,
+        ) -> tuple[list[Row], dict[str, dict[str, Any]]]:
+    """Convert and time every network, then the machine's peak; ``done`` sees the rows after each network."""
     from benchmarks.macs import count_macs
     from benchmarks.peak_gemm import measure
 
@@ -328,6 +331,9 @@ def run(names: list[str], size: str, runtimes: tuple[str, ...], threads: int, ro
         row = Row(name, size, macs, {runtime: convert(runtime, name, size, directory, litert) for runtime in runtimes})
         take_turns(row, threads, rounds, turn_s, litert)
         rows.append(row)
+        print(f"  {name}: " + ", ".join(f"{LABELS[r]} {_ms_cell(c)}" for r, c in row.cells.items()), file=sys.stderr,
+              flush=True)
+        done(rows)
     print("the machine's peak GEMM", file=sys.stderr, flush=True)
     peaks = measure(directory, threads, rounds, turn_s)
     return rows, peaks
@@ -358,15 +364,18 @@ def main(argv: list[str] | None = None) -> None:
         directory = args.keep or Path(tmp)
         directory.mkdir(parents=True, exist_ok=True)
         machine = machine_info(args.threads, litert if "litert" in runtimes else None)
+        def write_json(rows: list[Row], peaks: dict[str, dict[str, Any]] | None = None) -> None:
+            if args.json:  # after every network too: a long run that stops keeps what it measured
+                args.json.write_text(json.dumps({"machine": asdict(machine), "size": args.size, "rounds": args.rounds,
+                                                 "turn_s": args.turn_s, "peaks": peaks,
+                                                 "rows": [{**asdict(row), "ms": {r: row.ms(r) for r in row.cells}}
+                                                          for row in rows]}, indent=1))
+
         rows, peaks = run(args.names or list(NETWORKS), args.size, runtimes, args.threads, args.rounds, args.turn_s,
-                          litert, directory)
+                          litert, directory, write_json)
+        write_json(rows, peaks)
     print(report(rows, runtimes, peaks, machine, args.size, args.rounds, args.turn_s))
     print("\nTaken on whatever machine ran this: on a shared one, other processes' load moves every figure.")
-    if args.json:
-        args.json.write_text(json.dumps({"machine": asdict(machine), "size": args.size, "rounds": args.rounds,
-                                         "turn_s": args.turn_s, "peaks": peaks,
-                                         "rows": [{**asdict(row), "ms": {r: row.ms(r) for r in row.cells}}
-                                                  for row in rows]}, indent=1))
 
 
 if __name__ == "__main__":

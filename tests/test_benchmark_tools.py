@@ -69,3 +69,124 @@ def test_the_details_of_a_lowering_name_its_dynamic_batch() -> None:
     static, dynamic = (Result("s3d", "bench", "static", "xnnguard", batch=batch) for batch in ("static", "dynamic"))
     assert details([static, dynamic]).splitlines() == [
         "s3d [static, xnnguard]: ok", "s3d [static, dynamic batch, xnnguard]: ok"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bench_peers and its tools: the turn protocol, failed conversions, the tables, FLOP counting, op profiles
+
+
+def _clock(durations: list[float]) -> tuple[list[float], object, object]:
+    """A fake clock and a run that advances it by the next duration: a turn's calls without sleeping."""
+    now = [0.0]
+    pending = list(durations)
+
+    def clock() -> float:
+        return now[0]
+
+    def run() -> None:
+        now[0] += pending.pop(0)
+
+    return now, clock, run
+
+
+def test_a_turn_calls_until_its_time_is_up_and_at_least_three_times() -> None:
+    from benchmarks.timing import take_turn
+
+    _, clock, run = _clock([0.125] * 10)
+    assert take_turn(run, seconds=0.45, clock=clock) == [0.125] * 4  # type: ignore[arg-type]
+    _, clock, run = _clock([1.0] * 10)
+    assert take_turn(run, seconds=0.5, clock=clock) == [1.0] * 3  # type: ignore[arg-type]
+
+
+def test_the_calls_that_start_in_a_turns_first_tenth_do_not_count() -> None:
+    from benchmarks.timing import counted_calls
+
+    assert counted_calls([4.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]) == [1.0] * 6  # a slow first call: warming up
+    assert counted_calls([1.0] * 100) == [1.0] * 90
+    assert counted_calls([5.0, 1.0]) == [1.0]  # the first call never counts when there are more
+    assert counted_calls([2.0]) == [2.0]
+
+
+def test_turns_rotate_so_that_no_side_always_goes_first() -> None:
+    from benchmarks.timing import turn_order
+
+    assert turn_order(["a", "b", "c"], 3) == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert turn_order([], 2) == []
+
+
+def test_a_conversion_that_fails_is_an_entry_with_its_first_error_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """litert-torch is not in the suite's venv: converting with this interpreter fails in its worker."""
+    import sys
+
+    from benchmarks.bench_peers import Row, convert, report
+
+    cell = convert("litert", "videomae", "test", tmp_path, litert=sys.executable)
+    assert (cell.status, cell.artifact) == ("failed", None)
+    assert cell.error == "ModuleNotFoundError: No module named 'litert_torch'"
+    missing = convert("litert", "videomae", "test", tmp_path, litert=None)
+    assert missing.status == "skipped" and "not installed" in missing.error
+    text = report([Row("videomae", "test", 1e6, {"litert": cell})], ("litert",), {}, _machine(), "test", 1, 0.5)
+    assert "videomae / LiteRT: failed: ModuleNotFoundError: No module named 'litert_torch'" in text
+    assert "| videomae | 0.001 | failed" in text
+
+
+def test_the_first_error_line_of_a_worker_is_its_exception_not_the_traceback() -> None:
+    from benchmarks.peer_runtimes import error_line, first_error_line
+
+    log = 'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: shapes differ\n\nsee above'
+    assert first_error_line(log) == "RuntimeError: shapes differ"
+    assert error_line(ValueError("first\nsecond")) == "ValueError: first"
+
+
+def _machine():  # type: ignore[no-untyped-def]
+    from benchmarks.bench_peers import Machine
+
+    return Machine("2026-12-04 20:00", "a CPU", 2, 2, {"torch": "2.13.0"})
+
+
+def test_the_peer_table_gives_each_runtimes_median_its_gflops_and_the_fastest_peer_over_xnnguard() -> None:
+    from benchmarks.bench_peers import Cell, Row, report
+
+    cells = {"eager": Cell("eager", artifact="", turns_ms=[40.0, 50.0, 45.0]),
+             "xnnguard": Cell("xnnguard", artifact="p.pte", turns_ms=[10.0, 12.0, 11.0], delegates=1, outside=0),
+             "ort": Cell("ort", artifact="p.onnx", turns_ms=[13.0, 14.0, 15.0]),
+             "litert": Cell("litert", artifact="p.tflite", turns_ms=[9.0, 8.0, 8.8])}
+    row = Row("videomae", "bench", 5e8, cells)
+    peaks = {"xnnpack-f32": {"gflops": 200.0, "ms": 1.0}, "xnnpack-qs8": {"error": "no"}}
+    text = report([row], ("eager", "xnnguard", "ort", "litert"), peaks, _machine(), "bench", 3, 0.5)
+    assert "| videomae | 0.5  | 45.0             | 11.0        | 14.0            | 8.8       | 0.80 (LiteRT)" in text
+    assert "| 90.9 (45%) |" in text  # xnnguard: 1 GFLOP in 11 ms, 45 % of the 200 GFLOP/s peak
+    assert "xnnpack-f32 200.0, xnnpack-qs8 failed (no)" in text
+    assert "| videomae | 1 / 0" in text
+    assert row.best_peer() == "litert"
+
+
+def test_multiply_adds_are_half_the_flops_flop_counter_counts_of_matmuls_and_convs() -> None:
+    from benchmarks.macs import gflops, module_macs
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    macs = module_macs(model, (torch.randn(2, 3, 3, 3),))
+    assert macs == 2 * (8 * 27) + 2 * 8 * 4  # the conv's one output pixel per image and channel; the linear
+    assert gflops(1e9, 1000.0) == 2.0 and gflops(None, 1.0) is None
+
+
+def test_an_xnnpack_event_counts_under_its_operator_type() -> None:
+    from benchmarks.profile_ops import by_type, op_type
+
+    assert op_type("Convolution (NHWC, F32) IGEMM #12") == "Convolution (NHWC, F32) IGEMM"
+    assert by_type([("Add (ND) #1", 0.5), ("Add (ND) #2", 0.25), ("native_call_index.Tensor_out", 1.0)]) == {
+        "Add (ND)": (2, 0.75), "native_call_index.Tensor_out": (1, 1.0)}
+
+
+def test_an_onnx_runtime_profile_counts_kernel_time_per_op_type_without_the_first_run() -> None:
+    from benchmarks.profile_ops import ort_ops
+
+    def node(name: str, op: str, ts: int, dur: int) -> dict[str, object]:
+        return {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}}
+
+    trace = [{"cat": "Session", "name": "model_run", "ts": 0, "dur": 900},
+             node("conv_1", "Conv", 10, 800),  # the first run: warming up
+             {"cat": "Session", "name": "model_run", "ts": 1000, "dur": 300},
+             node("conv_1", "Conv", 1010, 200), node("mm_1", "MatMul", 1210, 50), node("mm_2", "MatMul", 1260, 30),
+             {"cat": "Node", "name": "conv_1_fence_before", "ts": 1005, "dur": 1}]
+    assert ort_ops(trace) == {"forward_ms": 0.3, "ops": {"Conv": (1, 0.2), "MatMul": (2, 0.08)}}

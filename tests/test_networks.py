@@ -102,3 +102,28 @@ def test_a_dynamic_int8_result_as_close_to_float_as_its_reference_matches_and_a_
     assert not matches(result("dynamic", 0.4, 0.25), tolerance=0.05)  # an element far off: a wrong channel
     assert not matches(result("static", 0.2, 0.09), tolerance=0.05)  # static int8 has one scale per tensor too
     assert matches(result("static", 0.04, 0.5), tolerance=0.05)
+
+
+# Published multiply-adds (GMAC; torchvision's "GFLOPS" column counts multiply-adds, at 16 frames) and
+# parameters (M) of the networks the "full" size is: torchvision's model table, the VideoMAE and Hiera papers.
+PUBLISHED = {"mvit": (64.22, 34.54), "s3d": (17.98, 8.32), "r2plus1d": (40.52, 31.51), "videomae": (180.0, 86.5),
+             "hiera": (102.0, 51.2)}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_the_full_size_is_the_published_network(name: str) -> None:
+    """Counted on the meta device: shapes only, so a full-size network costs no memory and no arithmetic."""
+    from benchmarks.macs import count_macs
+
+    gmac, params = PUBLISHED[name]
+    with torch.device("meta"):
+        model, _ = NETWORKS[name]("full")
+    assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(params, rel=0.01)
+    assert count_macs(name, "full") / 1e9 == pytest.approx(gmac, rel=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_every_network_has_a_full_size_that_runs_on_the_meta_device(name: str) -> None:
+    from benchmarks.macs import count_macs
+
+    assert count_macs(name, "full") > count_macs(name, "bench")

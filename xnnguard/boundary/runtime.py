@@ -69,12 +69,17 @@ def load_program(source: str | os.PathLike[str] | bytes, data_path: str | None =
         raise
 
 
-def load_module(source: str | os.PathLike[str] | bytes) -> Any:
-    """A ``Module`` (``forward(inputs)``) from a path or the bytes of a ``.pte``; all methods load at once."""
+def load_module(source: str | os.PathLike[str] | bytes, etdump: bool = False) -> Any:
+    """A ``Module`` (``forward(inputs)``) from a path or the bytes of a ``.pte``; all methods load at once.
+
+    ``etdump``: record an ETDump of every execution (each XNNPACK operator's time among its events),
+    written by the module's ``write_etdump_result_to_file(path)``: the per-op profile of
+    ``benchmarks.profile_ops``.
+    """
     runtime = pybindings()
     if isinstance(source, (str, os.PathLike)):
-        return runtime._load_for_executorch(os.fspath(source))
-    return runtime._load_for_executorch_from_buffer(source)
+        return runtime._load_for_executorch(os.fspath(source), enable_etdump=etdump)
+    return runtime._load_for_executorch_from_buffer(source, enable_etdump=etdump)
 
 
 def operator_names() -> frozenset[str]:
