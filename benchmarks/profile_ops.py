@@ -1,12 +1,12 @@
 """Where a network's time goes, per op type, in xnnguard's program and in a peer's: for closing the gap.
 
 ``python -m benchmarks.profile_ops NAME --runtime xnnguard|xnnguard-int8|ort|ort-int8|litert [--size bench]
-[--threads 2] [--runs 30] [--top 20] [--artifact PATH] [--json PATH]``
+[--threads 2] [--runs 30] [--top 20] [--events N] [--artifact PATH] [--json PATH]``
 
 The network is converted as ``bench_peers`` converts it (or ``--artifact`` names the program made
 already, e.g. one ``bench_peers --keep DIR`` kept), then a fresh process (``benchmarks.timing``'s
 environment) runs it ``--runs`` times with the runtime's own profiler on and prints, per op type, the
-calls and ms of one forward and their share of it:
+calls and ms of one forward and their share of it (``--events N``: also the N slowest single ops):
 
 * xnnguard: ExecuTorch's ETDump (``enable_etdump``, reached through ``xnnguard.boundary.runtime``), read
   with ``executorch.devtools.Inspector``; the 1.5.1 wheel's XNNPACK delegate logs every XNNPACK operator
@@ -55,6 +55,11 @@ def by_type(events: list[tuple[str, float]]) -> dict[str, tuple[int, float]]:
     return {name: (int(calls), ms) for name, (calls, ms) in totals.items()}
 
 
+def slowest(events: list[tuple[str, float]], count: int = 40) -> list[tuple[str, float]]:
+    """The ``count`` slowest single events (which conv, which matmul), slowest first."""
+    return sorted(events, key=lambda event: -event[1])[:count]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Workers: run the program with the runtime's profiler on, in this (fresh) process
 
@@ -90,7 +95,7 @@ def profile_xnnguard(pte: str, inputs: tuple[Any, ...], runs: int, threads: int)
                 forward = statistics.median(raw)
             elif event.name not in FRAME_EVENTS:
                 events.append((event.name, statistics.median(raw)))
-    return {"forward_ms": forward, "ops": by_type(events)}
+    return {"forward_ms": forward, "ops": by_type(events), "events": slowest(events)}
 
 
 def profile_ort(path: str, inputs: tuple[Any, ...], runs: int, threads: int) -> dict[str, Any]:
@@ -120,7 +125,9 @@ def ort_ops(trace: list[dict[str, Any]]) -> dict[str, Any]:
             per_node[node].append(event["dur"] / 1e3)
             types[node] = event.get("args", {}).get("op_name", node)
     events = [(types[node], statistics.median(ms)) for node, ms in per_node.items()]
-    return {"forward_ms": statistics.median(e["dur"] / 1e3 for e in counted), "ops": by_type(events)}
+    named = [(f"{node} ({types[node]})", statistics.median(ms)) for node, ms in per_node.items()]
+    return {"forward_ms": statistics.median(e["dur"] / 1e3 for e in counted), "ops": by_type(events),
+            "events": slowest(named)}
 
 
 def profile_litert(path: str, inputs: tuple[Any, ...], runs: int, threads: int) -> dict[str, Any]:
@@ -182,6 +189,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--artifact", help="the converted program (default: convert now)")
     parser.add_argument("--litert-python", help="the interpreter of LiteRT's venv (default: .venv-litert)")
+    parser.add_argument("--events", type=int, default=0, help="also list this many slowest single ops")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -216,6 +224,10 @@ def main(argv: list[str]) -> int:
     print(f"{args.name} ({args.size}) on {args.runtime}, {args.threads} threads, {args.runs} runs"
           + (f"; {profile['note']}" if "note" in profile else ""))
     print(table(profile, args.top))
+    if args.events and profile.get("events"):
+        print(f"\nslowest {args.events} single ops (ms / forward):")
+        for name, ms in profile["events"][:args.events]:
+            print(f"  {ms:9.3f}  {name}")
     if args.json:
         args.json.write_text(json.dumps(profile, indent=1))
     return 0
