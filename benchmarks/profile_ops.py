@@ -40,6 +40,10 @@ FRAME_EVENTS = frozenset({"Method::execute", "Method::init", "Program::load_meth
 RUNTIMES = ("xnnguard", "xnnguard-int8", "ort", "ort-int8", "litert")
 
 
+class NoEtdumpError(RuntimeError):
+    """The runtime recorded no ETDump, so there is no per-op profile of an ExecuTorch program."""
+
+
 def op_type(event_name: str) -> str:
     """An event's op type: its name without the ``#N`` XNNPACK numbers its operators with."""
     return re.sub(r"\s*#\d+$", "", event_name)
@@ -84,6 +88,9 @@ def profile_xnnguard(pte: str, inputs: tuple[Any, ...], runs: int, threads: int)
     with tempfile.TemporaryDirectory(prefix="xnnguard-etdump-") as tmp:
         path = str(Path(tmp) / "profile.etdp")
         module.write_etdump_result_to_file(path)
+        if not Path(path).exists():
+            raise NoEtdumpError("this ExecuTorch's runtime wrote no ETDump (1.4.x takes enable_etdump and writes "
+                                "nothing): per-op profiles of xnnguard's programs need 1.5")
         inspector = Inspector(etdump_path=path)
     events, forward = [], None
     for block in inspector.event_blocks:

@@ -6,6 +6,7 @@ called a missed target out of reach when it was not, would mislead whoever reads
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 
@@ -190,3 +191,31 @@ def test_an_onnx_runtime_profile_counts_kernel_time_per_op_type_without_the_firs
              node("conv_1", "Conv", 1010, 200), node("mm_1", "MatMul", 1210, 50), node("mm_2", "MatMul", 1260, 30),
              {"cat": "Node", "name": "conv_1_fence_before", "ts": 1005, "dur": 1}]
     assert ort_ops(trace) == {"forward_ms": 0.3, "ops": {"Conv": (1, 0.2), "MatMul": (2, 0.08)}}
+
+
+@pytest.mark.slow  # executorch.devtools takes 10-30 s to import
+@pytest.mark.release_sensitive
+def test_an_etdump_of_xnnguards_program_times_each_xnnpack_operator(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The per-op profile rests on the runtime's ETDump holding one event per XNNPACK operator.
+
+    ExecuTorch 1.4's runtime takes ``enable_etdump`` but writes no ETDump: the profile says so.
+    """
+    from executorch.exir import to_edge_transform_and_lower
+
+    import xnnguard
+    from benchmarks.profile_ops import NoEtdumpError, profile_xnnguard
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 14 * 14, 4))
+    inputs = (torch.randn(1, 3, 16, 16),)
+    program = torch.export.export(model.eval(), inputs)
+    pte = tmp_path / "small.pte"
+    pte.write_bytes(to_edge_transform_and_lower(program, partitioner=[xnnguard.XnnpackPartitioner()])
+                    .to_executorch().buffer)
+    try:
+        profile = profile_xnnguard(str(pte), inputs, runs=3, threads=1)
+    except NoEtdumpError as error:
+        pytest.skip(str(error))
+    ops = profile["ops"]
+    assert ops["Convolution (NHWC, F32) IGEMM"][0] == 1 and ops["Fully Connected (NC, F32) GEMM"][0] == 1
+    assert 0 < sum(ms for _, ms in ops.values()) <= profile["forward_ms"]
