@@ -11,7 +11,7 @@ network's multiply-adds (``benchmarks.macs``), the GFLOP/s each runtime reaches,
 measured peak (``benchmarks.peak_gemm``: one large fp32 and int8 GEMM through XNNPACK and torch).
 
 ``python -m benchmarks.bench_peers [NAME...] [--size bench|full|test] [--threads 2] [--rounds 3]
-[--runtime R]... [--json PATH] [--keep DIR]``; ``make bench`` runs it at bench size
+[--runtime R]... [--json PATH] [--keep DIR [--reuse]] [--no-peak]``; ``make bench`` runs it at bench size
 (``XNNGUARD_PEERS_SIZE=full`` for the published sizes: long). LiteRT runs in the interpreter
 ``--litert-python`` names (default ``$XNNGUARD_LITERT_PYTHON``, else ``.venv-litert/bin/python``, which
 ``make bench`` builds); ONNX Runtime in this one (the ``bench`` extra). A runtime that is not installed
@@ -144,12 +144,42 @@ def convert(runtime: str, name: str, size: str, directory: Path, litert: str | N
     return Cell(runtime, artifact=made["artifact"], max_err=made["max_err"], convert_s=made["convert_s"])
 
 
+def reused(runtime: str, name: str, size: str, directory: Path) -> Cell | None:
+    """The program an earlier run kept in ``directory`` (``--keep``) for ``runtime``, or None.
+
+    For repeating the timing of a few networks without converting them again; the error against eager
+    is then known for xnnguard's programs only (their lowering's record is kept beside them).
+    """
+    if runtime == "eager":
+        return None
+    if runtime.startswith("xnnguard"):
+        from testbed.network_flow import Result
+
+        record = directory / f"{name}.{size}.{_precision(runtime)}.static.json"
+        if not record.exists():
+            return None
+        data = json.loads(record.read_text())
+        data["outside_kinds"] = [tuple(kind) for kind in data["outside_kinds"]]
+        return _xnnguard_cell(runtime, Result(**data))
+    artifact = directory / {"ort": f"{name}.{size}.onnx", "ort-int8": f"{name}.{size}.int8.onnx",
+                            "litert": f"{name}.{size}.tflite"}[runtime]
+    return Cell(runtime, artifact=str(artifact)) if artifact.exists() else None
+
+
+def _precision(runtime: str) -> str:
+    return "static" if runtime.endswith("int8") else "float"
+
+
 def _convert_xnnguard(runtime: str, name: str, size: str, directory: Path) -> Cell:
     from benchmarks.network_report import lower_in_fresh_process
+
+    return _xnnguard_cell(runtime, lower_in_fresh_process(name, size, _precision(runtime), False, directory))
+
+
+def _xnnguard_cell(runtime: str, result: Any) -> Cell:
     from testbed.network_flow import compute_outside
 
-    precision = "static" if runtime.endswith("int8") else "float"
-    result = lower_in_fresh_process(name, size, precision, False, directory)
+    precision = _precision(runtime)
     if result.status not in ("ok", "mismatch") or not result.pte:
         return failed(runtime, f"{result.status}: {result.error}")
     # float: against eager; int8: against float eager too, as for the ONNX Runtime int8 program
@@ -315,7 +345,7 @@ def machine_info(threads: int, litert: str | None) -> Machine:
 
 def run(names: list[str], size: str, runtimes: tuple[str, ...], threads: int, rounds: int, turn_s: float,
         litert: str | None, directory: Path, done: Callable[[list[Row]], None] = lambda rows: None,
-        ) -> tuple[list[Row], dict[str, dict[str, Any]]]:
+        reuse: bool = False, peak: bool = True) -> tuple[list[Row], dict[str, dict[str, Any]]]:
     """Convert and time every network, then the machine's peak; ``done`` sees the rows after each network."""
     from benchmarks.macs import count_macs
     from benchmarks.peak_gemm import measure
@@ -328,15 +358,17 @@ def run(names: list[str], size: str, runtimes: tuple[str, ...], threads: int, ro
         except Exception as error:  # a network the meta device cannot run: no GFLOP/s, still timed
             print(f"  {name}: multiply-adds not counted: {error}", file=sys.stderr)
             macs = None
-        row = Row(name, size, macs, {runtime: convert(runtime, name, size, directory, litert) for runtime in runtimes})
+        row = Row(name, size, macs, {runtime: (reuse and reused(runtime, name, size, directory))
+                                     or convert(runtime, name, size, directory, litert) for runtime in runtimes})
         take_turns(row, threads, rounds, turn_s, litert)
         rows.append(row)
         print(f"  {name}: " + ", ".join(f"{LABELS[r]} {_ms_cell(c)}" for r, c in row.cells.items()), file=sys.stderr,
               flush=True)
         done(rows)
+    if not peak:
+        return rows, {}
     print("the machine's peak GEMM", file=sys.stderr, flush=True)
-    peaks = measure(directory, threads, rounds, turn_s)
-    return rows, peaks
+    return rows, measure(directory, threads, rounds, turn_s)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -353,9 +385,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--litert-python", help="the interpreter of LiteRT's venv (default: .venv-litert)")
     parser.add_argument("--json", type=Path, help="also write every figure as JSON here")
     parser.add_argument("--keep", type=Path, help="keep the converted programs in this folder")
+    parser.add_argument("--reuse", action="store_true", help="time the programs --keep holds from an earlier run")
+    parser.add_argument("--no-peak", action="store_true", help="leave out the machine's peak GEMM")
     args = parser.parse_args([] if argv is None else argv)
     if unknown := [name for name in args.names if name not in NETWORKS]:
         parser.error(f"unknown network(s) {', '.join(unknown)}; there are: {', '.join(NETWORKS)}")
+    if args.reuse and not args.keep:
+        parser.error("--reuse times what --keep DIR holds: name the folder")
     if args.size not in SIZES:
         parser.error(f"unknown size {args.size!r} (XNNGUARD_PEERS_SIZE?); the sizes are {', '.join(SIZES)}")
     runtimes = tuple(r for r in RUNTIMES if r in (args.runtime or RUNTIMES))
@@ -372,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
                                                           for row in rows]}, indent=1))
 
         rows, peaks = run(args.names or list(NETWORKS), args.size, runtimes, args.threads, args.rounds, args.turn_s,
-                          litert, directory, write_json)
+                          litert, directory, write_json, args.reuse, not args.no_peak)
         write_json(rows, peaks)
     print(report(rows, runtimes, peaks, machine, args.size, args.rounds, args.turn_s))
     print("\nTaken on whatever machine ran this: on a shared one, other processes' load moves every figure.")

@@ -219,3 +219,22 @@ def test_an_etdump_of_xnnguards_program_times_each_xnnpack_operator(tmp_path) ->
     ops = profile["ops"]
     assert ops["Convolution (NHWC, F32) IGEMM"][0] == 1 and ops["Fully Connected (NC, F32) GEMM"][0] == 1
     assert 0 < sum(ms for _, ms in ops.values()) <= profile["forward_ms"]
+
+
+def test_a_repeat_reuses_the_programs_an_earlier_run_kept_and_converts_the_rest(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    from dataclasses import asdict
+
+    from benchmarks.bench_peers import reused
+    from testbed.network_flow import Result
+
+    (tmp_path / "unet3d.bench.onnx").write_bytes(b"")
+    record = Result("unet3d", "bench", "float", "xnnguard", delegates=1, outside=0, pte=str(tmp_path / "u.pte"),
+                    max_err=1e-6)
+    (tmp_path / "unet3d.bench.float.static.json").write_text(json.dumps(asdict(record)))
+    ort = reused("ort", "unet3d", "bench", tmp_path)
+    assert ort is not None and ort.artifact == str(tmp_path / "unet3d.bench.onnx")
+    ours = reused("xnnguard", "unet3d", "bench", tmp_path)
+    assert ours is not None and (ours.artifact, ours.delegates, ours.outside, ours.max_err) == (record.pte, 1, 0, 1e-6)
+    assert reused("litert", "unet3d", "bench", tmp_path) is None  # not kept: converted again
+    assert reused("xnnguard-int8", "unet3d", "bench", tmp_path) is None
