@@ -190,7 +190,9 @@ def test_an_onnx_runtime_profile_counts_kernel_time_per_op_type_without_the_firs
              {"cat": "Session", "name": "model_run", "ts": 1000, "dur": 300},
              node("conv_1", "Conv", 1010, 200), node("mm_1", "MatMul", 1210, 50), node("mm_2", "MatMul", 1260, 30),
              {"cat": "Node", "name": "conv_1_fence_before", "ts": 1005, "dur": 1}]
-    assert ort_ops(trace) == {"forward_ms": 0.3, "ops": {"Conv": (1, 0.2), "MatMul": (2, 0.08)}}
+    profile = ort_ops(trace)
+    assert (profile["forward_ms"], profile["ops"]) == (0.3, {"Conv": (1, 0.2), "MatMul": (2, 0.08)})
+    assert profile["events"] == [("conv_1 (Conv)", 0.2), ("mm_1 (MatMul)", 0.05), ("mm_2 (MatMul)", 0.03)]
 
 
 @pytest.mark.slow  # executorch.devtools takes 10-30 s to import
