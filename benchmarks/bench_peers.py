@@ -11,8 +11,8 @@ network's multiply-adds (``benchmarks.macs``), the GFLOP/s each runtime reaches,
 measured peak (``benchmarks.peak_gemm``: one large fp32 and int8 GEMM through XNNPACK and torch).
 
 ``python -m benchmarks.bench_peers [NAME...] [--size bench|full|test] [--threads 2] [--rounds 3]
-[--runtime R]... [--json PATH] [--keep DIR [--reuse]] [--no-peak]``; ``make bench`` runs it at bench size
-(``XNNGUARD_PEERS_SIZE=full`` for the published sizes: long). LiteRT runs in the interpreter
+[--runtime R]... [--json PATH] [--keep DIR [--reuse]] [--no-peak] [--render JSON]``; ``make bench`` runs it
+at bench size (``XNNGUARD_PEERS_SIZE=full`` for the published sizes: long). LiteRT runs in the interpreter
 ``--litert-python`` names (default ``$XNNGUARD_LITERT_PYTHON``, else ``.venv-litert/bin/python``, which
 ``make bench`` builds); ONNX Runtime in this one (the ``bench`` extra). A runtime that is not installed
 is a table entry saying so. No targets: the table is the figure.
@@ -291,6 +291,8 @@ def failures(rows: list[Row]) -> list[str]:
 def peaks_text(peaks: dict[str, dict[str, Any]]) -> str:
     from benchmarks.peak_gemm import K, M, N
 
+    if not peaks:
+        return "machine peak: not measured in this run (python -m benchmarks.peak_gemm)"
     parts = [f"{side} {p['gflops']:.1f}" if "gflops" in p else f"{side} failed ({p['error']})"
              for side, p in peaks.items()]
     return f"machine peak, one {M}x{K} by {K}x{N} GEMM, GFLOP/s (GOP/s for int8): " + ", ".join(parts)
@@ -343,6 +345,15 @@ def machine_info(threads: int, litert: str | None) -> Machine:
     return Machine(datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), cpu, os.cpu_count() or 0, threads, versions)
 
 
+def load_json(path: Path) -> tuple[list[Row], dict[str, dict[str, Any]], Machine, dict[str, Any]]:
+    """The rows, peaks, machine and settings a ``--json`` file holds (a run that stopped has no peaks)."""
+    data = json.loads(path.read_text())
+    rows = [Row(row["network"], row["size"], row["macs"],
+                {runtime: Cell(**cell) for runtime, cell in row["cells"].items()}) for row in data["rows"]]
+    settings = {key: data[key] for key in ("size", "rounds", "turn_s")}
+    return rows, data.get("peaks") or {}, Machine(**data["machine"]), settings
+
+
 def run(names: list[str], size: str, runtimes: tuple[str, ...], threads: int, rounds: int, turn_s: float,
         litert: str | None, directory: Path, done: Callable[[list[Row]], None] = lambda rows: None,
         reuse: bool = False, peak: bool = True) -> tuple[list[Row], dict[str, dict[str, Any]]]:
@@ -387,7 +398,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", type=Path, help="keep the converted programs in this folder")
     parser.add_argument("--reuse", action="store_true", help="time the programs --keep holds from an earlier run")
     parser.add_argument("--no-peak", action="store_true", help="leave out the machine's peak GEMM")
+    parser.add_argument("--render", type=Path, metavar="JSON", help="print the report a --json file holds, and stop")
     args = parser.parse_args([] if argv is None else argv)
+    if args.render:
+        rows, peaks, machine, settings = load_json(args.render)
+        present = tuple(r for r in RUNTIMES if any(r in row.cells for row in rows))
+        print(report(rows, present, peaks, machine, settings["size"], settings["rounds"], settings["turn_s"]))
+        return
     if unknown := [name for name in args.names if name not in NETWORKS]:
         parser.error(f"unknown network(s) {', '.join(unknown)}; there are: {', '.join(NETWORKS)}")
     if args.reuse and not args.keep:
