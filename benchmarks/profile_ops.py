@@ -12,6 +12,8 @@ calls and ms of one forward and their share of it (``--events N``: also the N sl
   with ``executorch.devtools.Inspector``; the 1.5.1 wheel's XNNPACK delegate logs every XNNPACK operator
   as an event (``Convolution (NHWC, F32) IGEMM #3``: the type is the name without its number). Each
   event counts at its median over the runs; ops outside the delegate are events of their own.
+  ``XNNPACK delegate calls`` is each delegate's whole call: its operators and what XNNPACK and
+  ExecuTorch do around them on every run (the share the operators leave is that work).
 * ONNX Runtime: ``SessionOptions.enable_profiling``; the ``Node`` events' kernel times by ``op_name``
   (fused nodes by the name of their fusion), the first run left out.
 * LiteRT: ai-edge-litert 2.3's Python ``Interpreter`` reaches no profiler (its op profiling lives in the
@@ -92,7 +94,7 @@ def profile_xnnguard(pte: str, inputs: tuple[Any, ...], runs: int, threads: int)
             raise NoEtdumpError("this ExecuTorch's runtime wrote no ETDump (1.4.x takes enable_etdump and writes "
                                 "nothing): per-op profiles of xnnguard's programs need 1.5")
         inspector = Inspector(etdump_path=path)
-    events, forward = [], None
+    events, forward, delegate = [], None, 0.0
     for block in inspector.event_blocks:
         for event in block.events:
             if event.perf_data is None:
@@ -100,9 +102,11 @@ def profile_xnnguard(pte: str, inputs: tuple[Any, ...], runs: int, threads: int)
             raw = event.perf_data.raw[1:] or event.perf_data.raw  # the first run pays for warming up
             if event.name == "Method::execute":
                 forward = statistics.median(raw)
+            elif event.name == "DELEGATE_CALL":
+                delegate += statistics.median(raw)
             elif event.name not in FRAME_EVENTS:
                 events.append((event.name, statistics.median(raw)))
-    return {"forward_ms": forward, "ops": by_type(events), "events": slowest(events)}
+    return {"forward_ms": forward, "delegate_ms": delegate, "ops": by_type(events), "events": slowest(events)}
 
 
 def profile_ort(path: str, inputs: tuple[Any, ...], runs: int, threads: int) -> dict[str, Any]:
@@ -180,6 +184,9 @@ def table(profile: dict[str, Any], top: int) -> str:
     lines.append(("all ops (sum)", str(sum(calls for calls, _ in ops.values())),
                   "-" if summed is None else f"{summed:.3f}",
                   f"{summed / forward:.1%}" if summed is not None and forward else "-"))
+    if profile.get("delegate_ms"):  # the delegates' calls whole: their operators and XNNPACK's work between them
+        delegate = profile["delegate_ms"]
+        lines.append(("XNNPACK delegate calls", "", f"{delegate:.3f}", f"{delegate / forward:.1%}" if forward else "-"))
     lines.append(("forward", "", "-" if forward is None else f"{forward:.3f}", ""))
     return render_table(("op type", "calls / forward", "ms / forward", "share"), lines)
 
