@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import traceback
@@ -199,10 +200,26 @@ def runner(runtime: str, name: str, size: str, artifact: str | None, threads: in
     raise ValueError(f"unknown runtime {runtime!r}; the runtimes are {', '.join(RUNTIMES)}")
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def error_line(error: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+    """An exception as one line: the root cause's type and first line, then the exception's own.
+
+    Exporters wrap the error that says what is wrong ("only 4D query, key, and value are supported") in
+    one that says which step failed; the cause comes first, and terminal colours are dropped.
+    """
+
+    def one(exception: BaseException) -> str:
+        lines = [line.strip() for line in ANSI.sub("", str(exception)).splitlines() if line.strip()]
+        return f"{type(exception).__name__}: {lines[0] if lines else ''}"
+
+    chain, current = [], error
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    text = one(error) if len(chain) == 1 else f"{one(chain[-1])} (in {one(error)})"
+    return text[:300]
 
 
 def _eager_runner(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], object]:

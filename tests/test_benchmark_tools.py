@@ -137,6 +137,14 @@ def test_the_first_error_line_of_a_worker_is_its_exception_not_the_traceback() -
     log = 'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: shapes differ\n\nsee above'
     assert first_error_line(log) == "RuntimeError: shapes differ"
     assert error_line(ValueError("first\nsecond")) == "ValueError: first"
+    try:
+        try:
+            raise AssertionError("only 4D query, key, and value are supported")
+        except AssertionError as cause:
+            raise RuntimeError("Failed to convert. \x1b[96mThis is step 3/3\x1b[0m of exporting") from cause
+    except RuntimeError as error:
+        assert error_line(error) == ("AssertionError: only 4D query, key, and value are supported "
+                                     "(in RuntimeError: Failed to convert. This is step 3/3 of exporting)")
 
 
 def _machine():  # type: ignore[no-untyped-def]
