@@ -7,7 +7,7 @@ one that fails is a table entry with its first error line. Then every runtime ta
 (``benchmarks.timing``: a fresh process per turn, ~0.5 s of back-to-back forwards, the first tenth not
 counted, the order rotated each round, ``OMP_WAIT_POLICY=PASSIVE``, raised malloc thresholds, the
 same thread count everywhere); a runtime's figure is the median of its turns. Beside the ms: each
-network's multiply-adds (``benchmarks.macs``), the GFLOP/s each runtime reaches, and the machine's
+network's multiply-adds (``testbed.macs``), the GFLOP/s each runtime reaches, and the machine's
 measured peak (``benchmarks.peak_gemm``: one large fp32 and int8 GEMM through XNNPACK and torch).
 
 ``python -m benchmarks.bench_peers [NAME...] [--size bench|full|test] [--threads 2] [--rounds 3]
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.macs import gflops
+from testbed.macs import gflops
 from benchmarks.peer_runtimes import FLOAT_RUNTIMES, LABELS, PEERS, RUNTIMES, first_error_line
 from benchmarks.timing import REPO, TURN_S, run_in_fresh_process, turn_order
 
@@ -358,7 +358,7 @@ def run(names: list[str], size: str, runtimes: tuple[str, ...], threads: int, ro
         litert: str | None, directory: Path, done: Callable[[list[Row]], None] = lambda rows: None,
         reuse: bool = False, peak: bool = True) -> tuple[list[Row], dict[str, dict[str, Any]]]:
     """Convert and time every network, then the machine's peak; ``done`` sees the rows after each network."""
-    from benchmarks.macs import count_macs
+    from testbed.macs import count_macs
     from benchmarks.peak_gemm import measure
 
     rows = []

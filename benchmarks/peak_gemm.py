@@ -1,6 +1,6 @@
 """The machine's measured peak: one large GEMM, fp32 and int8, on the benchmark's threads.
 
-So that "close to the physical limit" has a number: a network's GFLOP/s (``benchmarks.macs``) over the
+So that "close to the physical limit" has a number: a network's GFLOP/s (``testbed.macs``) over the
 rate one large matrix product reaches on the same threads. Four ways, each a side of the turn protocol
 (``benchmarks.timing``) in a fresh process:
 

@@ -171,7 +171,7 @@ def test_the_peer_table_gives_each_runtimes_median_its_gflops_and_the_fastest_pe
 
 
 def test_multiply_adds_are_half_the_flops_flop_counter_counts_of_matmuls_and_convs() -> None:
-    from benchmarks.macs import gflops, module_macs
+    from testbed.macs import gflops, module_macs
 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8, 4))
     macs = module_macs(model, (torch.randn(2, 3, 3, 3),))

@@ -113,7 +113,7 @@ PUBLISHED = {"mvit": (64.22, 34.54), "s3d": (17.98, 8.32), "r2plus1d": (40.52, 3
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_the_full_size_is_the_published_network(name: str) -> None:
     """Counted on the meta device: shapes only, so a full-size network costs no memory and no arithmetic."""
-    from benchmarks.macs import count_macs
+    from testbed.macs import count_macs
 
     gmac, params = PUBLISHED[name]
     with torch.device("meta"):
@@ -124,6 +124,6 @@ def test_the_full_size_is_the_published_network(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(NETWORKS))
 def test_every_network_has_a_full_size_that_runs_on_the_meta_device(name: str) -> None:
-    from benchmarks.macs import count_macs
+    from testbed.macs import count_macs
 
     assert count_macs(name, "full") > count_macs(name, "bench")

@@ -50,6 +50,9 @@ CONFIGS = {
                           temporal_upsample=(True, True, False), latent_frames=2, latent_size=6),
     "test": WanVAEConfig(dim=4, z_dim=4, dim_mult=(1, 2, 2), num_res_blocks=0,
                          temporal_upsample=(True, False), latent_frames=2, latent_size=4),
+    # the published decoder; a latent of 3 frames at 32x32 decodes to 9 frames of 256x256
+    "full": WanVAEConfig(dim=96, z_dim=16, dim_mult=(1, 2, 4, 4), num_res_blocks=2,
+                         temporal_upsample=(True, True, False), latent_frames=3, latent_size=32),
 }
 
 
