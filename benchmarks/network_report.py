@@ -1,6 +1,6 @@
 """Lower whole networks from ``testbed.networks`` to XNNPACK and report what stays outside, and why.
 
-``python -m benchmarks.network_report [NAME...] [--precision float|static|dynamic]... [--size bench|test]
+``python -m benchmarks.network_report [NAME...] [--precision float|fp16|static|dynamic]... [--size bench|test]
 [--time] [--stock]``
 
 For each network and precision, in a fresh process of its own (a crash in the runtime is a result, not
@@ -121,7 +121,7 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def table(results: Sequence[Result]) -> str:
-    quantized = any(r.precision != "float" for r in results)
+    quantized = any(r.precision in ("static", "dynamic") for r in results)
     header = ("network", "result", "delegates", "ops outside (top kinds)", "max err",
               *(("err vs float", "reference vs float", "rounding floor") if quantized else ()),
               "eager ms", "ET ms", "eager/ET")
@@ -191,7 +191,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"networks (default: all): {', '.join(NETWORKS)}")
     parser.add_argument("--precision", action="append", choices=PRECISIONS,
-                        help="float (default), static or dynamic int8; repeat for several")
+                        help="float (default), fp16 (float16), static or dynamic int8; repeat for several")
     parser.add_argument("--size", choices=SIZES, default="bench")
     parser.add_argument("--time", action="store_true", help="also time eager vs ExecuTorch")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("XNNGUARD_BENCH_THREADS", 2)))
@@ -206,6 +206,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--network", help=argparse.SUPPRESS)
     parser.add_argument("--pte", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.time and "fp16" in (args.precision or ()):
+        parser.error("--time compares with the float32 eager model: it times float and int8 programs, not fp16")
     unknown = [name for name in args.names if name not in NETWORKS]
     if unknown:
         parser.error(f"unknown network(s) {', '.join(unknown)}; there are: {', '.join(NETWORKS)}")

@@ -5,7 +5,8 @@ returns the program, what it computed, its reference and the tolerance ``testbed
 
 * float: the reference is eager PyTorch;
 * fp16: the model cast to half (a copy: the caller's stays float32) and half inputs; the reference is the
-  half model run eagerly, the tolerance what fp16 rounding allows (against the float32 model as well);
+  half model run eagerly (``half_reference``), the tolerance what fp16 rounding allows (against the float32
+  model as well);
 * int8: pt2e after the rewrite (the README's order), calibrated on the inputs; the reference is the
   converted pt2e model, which isolates what lowering and the runtime change from what quantization does.
 
@@ -25,13 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+import torch.utils._pytree as pytree
 from torch.fx.passes.infra.pass_base import PassBase
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from testbed.lowered import Lowered, lower
 from testbed.quantize import Precision, is_dynamic, quantize_pt2e, xnnguard_quantizer, xnnpack_quantizer
 from testbed.tolerance import float_tolerance, fp16_tolerance, int8_tolerance
 
-__all__ = ["STAGES", "FlowError", "Inputs", "Run", "lower_and_run", "rewritten"]
+__all__ = ["STAGES", "FlowError", "Inputs", "Run", "half_reference", "lower_and_run", "rewritten"]
 
 Quantizer = Literal["xnnguard", "stock"]
 # What lower_and_run does, in order; a FlowError names one. "eager" and "export" are the model's own
@@ -140,6 +143,31 @@ def _as_list(value: Any) -> list[torch.Tensor]:
     return [v.detach() for v in value] if isinstance(value, (tuple, list)) else [value.detach()]
 
 
+class _HalfOpsInFloat32(TorchDispatchMode):
+    """Runs an op PyTorch has no float16 CPU kernel for (``avg_pool3d``) on float32 copies, rounded back."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        try:
+            return func(*args, **kwargs)
+        except (NotImplementedError, RuntimeError) as error:
+            if "Half" not in str(error):
+                raise
+        up = pytree.tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype == torch.float16 else t, (args, kwargs))
+        out = func(*up[0], **up[1])
+        return pytree.tree_map_only(torch.Tensor, lambda t: t.half() if t.dtype == torch.float32 else t, out)
+
+
+def half_reference(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
+    """``model(*inputs)`` in eager float16: the reference of a float16 program.
+
+    PyTorch computes its float16 CPU ops in float32 and rounds each result once; an op it has no float16
+    CPU kernel for (``avg_pool3d``) is computed the same way here: on float32 copies, rounded to float16.
+    """
+    with torch.no_grad(), _HalfOpsInFloat32():
+        return model(*inputs)
+
+
 def _half(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return tuple(x.half() if x.is_floating_point() else x for x in inputs)
 
@@ -199,7 +227,8 @@ def lower_and_run(
         batch = torch.export.Dim("batch", min=1, max=max(MAX_BATCH, *dynamic_batch))
         dynamic_shapes = tuple({0: batch} for _ in inputs)
     with _stage("eager"), torch.no_grad():
-        float_outputs = [out for run in runs for out in _as_list(eager(*run))]
+        forward = (lambda *run: half_reference(eager, run)) if precision == "fp16" else eager
+        float_outputs = [out for run in runs for out in _as_list(forward(*run))]
     with _stage("export"):
         ep = (model if isinstance(model, torch.export.ExportedProgram)
               else torch.export.export(eager, inputs, dynamic_shapes=dynamic_shapes))

@@ -1,10 +1,11 @@
 """A whole network of ``testbed.networks`` through xnnguard's flow (or stock ExecuTorch's), stage by stage.
 
-``lower_network`` builds a network, exports it (with a dynamic batch if asked), rewrites it
-(``xnnguard.XnnpackRewriter``), quantizes it for int8 (pt2e with ``xnnguard.XNNPACKQuantizer``, per-channel
-symmetric, static or dynamic, calibrated on the example input, after the rewrite), lowers it with
-``xnnguard.XnnpackPartitioner``, serializes, loads and runs it with the real runtime, and compares with
-eager (float) or the converted pt2e model (int8) by ``testbed.tolerance``'s whole-network verdict. With
+``lower_network`` builds a network (``fp16``: made float16), exports it (with a dynamic batch if asked),
+rewrites it (``xnnguard.XnnpackRewriter``), quantizes it for int8 (pt2e with ``xnnguard.XNNPACKQuantizer``,
+per-channel symmetric, static or dynamic, calibrated on the example input, after the rewrite), lowers it
+with ``xnnguard.XnnpackPartitioner``, serializes, loads and runs it with the real runtime, and compares
+with eager (float; fp16: eager float16, ``testbed.flow.half_reference``) or the converted pt2e model
+(int8) by ``testbed.tolerance``'s whole-network verdict. With
 ``stock=True`` it does the same with ExecuTorch's own partitioner and quantizer and no rewrite. Every
 failure is caught and named by its stage; the result is plain data (it crosses processes).
 """
@@ -40,7 +41,7 @@ __all__ = [
     "stage",
 ]
 
-PRECISIONS = ("float", "static", "dynamic")
+PRECISIONS = ("float", "fp16", "static", "dynamic")
 # Issue 12's target: at most this many XNNPACK delegates per network, and no compute op outside them.
 MAX_DELEGATES = 3
 # What a graph outside the delegates may keep without counting as compute left on portable kernels.
@@ -200,6 +201,10 @@ def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: R
     if result.precision == "float":
         with torch.no_grad():
             return ep, _first_tensor(model(*inputs))
+    if result.precision == "fp16":
+        from testbed.flow import half_reference
+
+        return ep, _first_tensor(half_reference(model, inputs))
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     quantizer = _quantizer(result.precision, stock)
@@ -239,6 +244,8 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
     try:
         with stage("build", result):
             model, inputs = NETWORKS[name](size)
+            if precision == "fp16":
+                model, inputs = model.half(), tuple(t.half() if t.is_floating_point() else t for t in inputs)
         started = time.perf_counter()
         ep, expected = _prepare(model, inputs, result, stock)
         partitioner = _partitioner(stock)
@@ -264,7 +271,7 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
             with stage("run", result, failures):
                 got = _first_tensor(module.forward(inputs))
         result.max_err = relative_error(got, expected)
-        if precision != "float":
+        if precision in ("static", "dynamic"):
             with torch.no_grad():
                 eager = _first_tensor(model(*inputs))
             result.float_err = relative_error(got, eager)
