@@ -18,6 +18,7 @@ import xnnguard
 from testbed.flow import lower_and_run, rewritten
 from testbed.int8_reference import Int8, int8_against_the_original, steps_allowed
 from testbed.lowered import lower, run_pte
+from testbed.tolerance import half_tolerance
 from tests.support import assert_within_rank_limit, ops
 from xnnguard.report import Rule
 from xnnguard.rewrite.norm import (
@@ -202,6 +203,64 @@ def test_each_norm_lowers_fully_to_xnnpack_and_matches_eager(name: str) -> None:
     lowered, out, reference, tolerance = lower_and_run(*_trained(name), "float")
     assert lowered.outside_ops() == {} and lowered.num_delegates == 1
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+class Each(nn.Module):
+    """Each model on its own input: several small programs lowered as one."""
+
+    def __init__(self, models: list[nn.Module]) -> None:
+        super().__init__()
+        self.models = nn.ModuleList(models)
+
+    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(model(x) for model, x in zip(self.models, xs))
+
+
+def test_every_norm_in_float16_lowers_fully_to_xnnpack_and_matches_eager_float16() -> None:
+    models, inputs = zip(*(_trained(name) for name in E2E))
+    run = lower_and_run(Each(list(models)), tuple(inputs), "fp16")
+    assert run.lowered.outside_ops() == {} and run.lowered.num_delegates == 1, run.lowered.outside_ops()
+    for name, out, reference in zip(E2E, run.outputs, run.references):
+        torch.testing.assert_close(out, reference, atol=half_tolerance(reference), rtol=0, msg=name)
+
+
+class _Last(nn.Module):
+    """``norm`` over the channels of ``(N, C, L)``, moved last: the same 64 channels a group norm normalizes."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.transpose(1, 2))
+
+
+OVERFLOWING: dict[str, Callable[[], nn.Module]] = {
+    "layer": lambda: _Last(nn.LayerNorm(64)),
+    "rms": lambda: _Last(nn.RMSNorm(64)),
+    "group": lambda: nn.GroupNorm(4, 64),
+}
+
+
+@pytest.mark.parametrize("name", list(OVERFLOWING))
+def test_a_float16_norm_of_deviations_whose_squares_overflow_matches_eager_float16(name: str) -> None:
+    """``d * d`` overflows float16 from |d| = 256 (a residual stream's outlier channels reach that); PyTorch's
+    float16 norms compute their statistics in float32. The form squares ``d / s`` instead."""
+    run = lower_and_run(OVERFLOWING[name](), 600 * torch.randn(2, 64, 5), "fp16")
+    assert run.lowered.outside_ops() == {}
+    run.assert_matches()
+
+
+def test_a_float16_group_norm_of_equal_values_is_its_bias_as_in_pytorch() -> None:
+    """A group with no spread (a padded region) gives ``rstd = 1/sqrt(eps)`` and the bias, not a NaN."""
+    norm = nn.GroupNorm(2, 4)
+    with torch.no_grad():
+        norm.bias.copy_(torch.tensor([0.1, -0.2, 0.3, 0.5]))
+    x = torch.ones(1, 4, 3, 3)
+    x[:, 2:] = torch.randn(1, 2, 3, 3)
+    run = lower_and_run(norm, x, "fp16")
+    assert bool(torch.isfinite(run.out).all())
+    run.assert_matches()
 
 
 # A batch norm in the original graph makes torchao's convert trace its QAT conv-bn patterns (about a minute

@@ -17,11 +17,13 @@ import xnnguard
 from testbed.flow import lower_and_run, rewritten
 from testbed.int8_reference import Int8, int8_against_the_original, steps_allowed
 from testbed.lowered import lower, run_pte
+from testbed.tolerance import half_tolerance
 from tests.support import ops
 from xnnguard.report import Rule
+from xnnguard.rewrite.dtypes import HALF_MAX_STAGE
 from xnnguard.rewrite.reduce.extrema import RewriteExtremumPass
-from xnnguard.rewrite.reduce.forms import extremum, sum_weights, trailing_sum
-from xnnguard.rewrite.reduce.plan import MAX_STAGE, SumPlan, stages, sum_plan
+from xnnguard.rewrite.reduce.forms import extremum, stage_rule, sum_weights, trailing_sum
+from xnnguard.rewrite.reduce.plan import MAX_STAGE, SumPlan, chain_stages, stages, sum_plan
 from xnnguard.rewrite.reduce.power import RewritePowerPass
 from xnnguard.rewrite.reduce.sums import Reduction, RewriteSumPass, reduction_function
 from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter
@@ -283,6 +285,79 @@ def test_a_norm_of_an_attention_output_lowers_and_runs() -> None:
     edge = to_edge_transform_and_lower(ep, partitioner=[xnnguard.XnnpackPartitioner()])
     (out,) = run_pte(edge.to_executorch().buffer, inputs)
     torch.testing.assert_close(out, model(*inputs), atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- float16
+
+
+class Each(nn.Module):
+    """Each model on its own input: several small programs lowered as one."""
+
+    def __init__(self, models: list[nn.Module]) -> None:
+        super().__init__()
+        self.models = nn.ModuleList(models)
+
+    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(model(x) for model, x in zip(self.models, xs))
+
+
+def test_every_reduction_in_float16_lowers_fully_to_xnnpack_and_matches_eager_float16() -> None:
+    torch.manual_seed(0)
+    models = [build() for build, _ in E2E.values()]
+    inputs = tuple(torch.randn(shape) for _, shape in E2E.values())
+    run = lower_and_run(Each(models), inputs, "fp16")
+    assert run.lowered.outside_ops() == {} and run.lowered.num_delegates == 1, run.lowered.outside_ops()
+    for name, out, reference in zip(E2E, run.outputs, run.references):
+        torch.testing.assert_close(out, reference, atol=half_tolerance(reference), rtol=0, msg=name)
+
+
+def test_a_float16_mean_of_large_values_never_overflows_in_its_partial_sums() -> None:
+    """Stage sums of 16 values of 5000 would be 80000, above float16's 65504; each stage is a scaled mean."""
+    model = Net(lambda _, x: x.mean(-1))
+    x = 5000 + 100 * torch.randn(2, 256)
+    run = lower_and_run(model, x, "fp16")
+    assert run.lowered.outside_ops() == {}
+    assert bool(torch.isfinite(run.out).all())
+    run.assert_matches()
+
+
+def test_a_float16_variance_of_deviations_whose_squares_overflow_matches_eager_float16() -> None:
+    """``d * d`` overflows float16 from |d| = 256; PyTorch's float16 var, computed in float32, does not."""
+    model = Net(lambda _, x: torch.var(x, -1) + torch.std(x, -1))
+    x = 1000 * torch.randn(3, 64)
+    run = lower_and_run(model, x, "fp16")
+    assert run.lowered.outside_ops() == {}
+    run.assert_matches()
+
+
+def _float16_accumulating_linear(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A float16 fully connected op as XNNPACK's ``neonfp16arith`` kernels compute it (ARM's phones): the
+    accumulator is float16, rounded after each fused multiply-add."""
+    acc = torch.zeros((*t.shape[:-1], w.shape[0]), dtype=torch.float16)
+    for j in range(t.shape[-1]):
+        acc = (acc.float() + t[..., j : j + 1].float() * w[:, j].float()).half()
+    return acc
+
+
+@pytest.mark.parametrize("size", [768, 197, 3136])
+def test_a_float16_mean_stays_within_two_steps_when_the_cpu_accumulates_in_float16(
+    size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The x86 CPUs here accumulate float16 in float32 (XNNPACK's ``f16_f32acc``); ARM's do not. There one
+    linear over 768 values loses ten and more float16 steps of the mean; stages of at most 16 keep two (a
+    prime length padded with zeros)."""
+    torch.manual_seed(0)
+    x = (torch.randn(16, size) ** 2).half()
+    exact = x.double().mean(-1, keepdim=True)
+    step = 2.0 ** (torch.floor(torch.log2(exact)) - 10)
+    monkeypatch.setattr(F, "linear", _float16_accumulating_linear)
+    lengths = chain_stages((size,), *stage_rule(torch.float16))
+    assert max(lengths) <= HALF_MAX_STAGE
+    staged = trailing_sum(x, (size,), sum_weights(lengths, 1.0 / size, torch.float16))
+    assert float(((staged.double() - exact).abs() / step).max()) <= 2
+    if size == 768:
+        one = trailing_sum(x, (size,), [w.half() for w in sum_weights(chain_stages((size,)), 1.0 / size)])
+        assert float(((one.double() - exact).abs() / step).max()) > 10
 
 
 # ---------------------------------------------------------------- what is left as it was, and said

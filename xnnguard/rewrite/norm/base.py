@@ -9,7 +9,13 @@ them with ops XNNPACK 1.5.1 runs (``statistics``), summing the normalized dims a
     d    = x - mean
     rstd = rsqrt(sum(d * d, 1/K) + eps)          # the biased variance, two-pass like PyTorch's
 
-then ``d * rstd * weight + bias`` for a layer norm (the weight varies along the row), and
+In float16 (``xnnguard.rewrite.dtypes`` says why): each mean in stages that never exceed the input, the
+deviations from the mean of ``x - x0`` (``shifted_deviations``: a block of equal values deviates by
+exactly 0), ``rstd = rsqrt(q + eps/s/s) / s`` with ``q * s * s`` the second moment taken without
+overflow (``second_moment``), and every norm ``d * scale + bias``: ``x * scale + shift`` would lose the
+bias of a block of equal values, whose ``scale`` reaches ``1/sqrt(eps)``, to the rounding of ``x * scale``.
+
+Then ``d * rstd * weight + bias`` for a layer norm (the weight varies along the row), and
 ``x * scale + shift`` per channel for the others (``scale = rstd * weight``, ``shift = bias - mean *
 scale``: the form of PyTorch's own CPU kernels for group and batch norm, one multiply and one add over
 the tensor). The sums add the same elements in another order. ``eps`` and ``1/K`` are constant tensors
@@ -36,14 +42,16 @@ import torch
 from xnnguard.graph.shapes import tensor_value
 from xnnguard.report import Rule
 from xnnguard.rewrite.constants import constant_value
+from xnnguard.rewrite.dtypes import is_half, rewritten_float
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import high_rank, user_kept_out
-from xnnguard.rewrite.reduce.forms import trailing_sum
+from xnnguard.rewrite.reduce.forms import second_moment, shifted_deviations, trailing_sum
 from xnnguard.rewrite.reduce.plan import SumPlan
 
 __all__ = [
-    "Form", "NormRewritePass", "Operand", "affine_operand", "contiguous", "eps_constant", "shaped", "statistics",
+    "Form", "NormRewritePass", "Operand", "affine_operand", "contiguous", "dtype_of", "eps_constant", "shaped",
+    "statistics",
 ]
 
 Operand = torch.fx.Node | torch.Tensor
@@ -59,9 +67,17 @@ def statistics(
     the centered tensor: without a permute, they broadcast against ``x``.
     """
     gathered = x.permute(plan.perm) if plan.perm is not None else x
-    mean = trailing_sum(gathered, plan.sizes, weights)
-    centered = gathered - mean
-    return mean, centered, torch.rsqrt(trailing_sum(centered * centered, plan.sizes, weights) + eps)
+    if not is_half(x.dtype):
+        mean = trailing_sum(gathered, plan.sizes, weights)
+        centered = gathered - mean
+        return mean, centered, torch.rsqrt(trailing_sum(centered * centered, plan.sizes, weights) + eps)
+
+    def average(t: torch.Tensor) -> torch.Tensor:
+        return trailing_sum(t, plan.sizes, weights)
+
+    centered, mean = shifted_deviations(gathered, len(plan.sizes), average)
+    q, s = second_moment(centered, average)
+    return mean, centered, torch.rsqrt(q + eps / s / s) / s
 
 
 def contiguous(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -95,8 +111,15 @@ def affine_operand(graph_module: torch.fx.GraphModule, arg: object, shape: Seque
     return arg
 
 
-def eps_constant(eps: float) -> torch.Tensor:
-    return torch.tensor([eps], dtype=torch.float32)
+def eps_constant(eps: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.tensor([eps], dtype=dtype)
+
+
+def dtype_of(node: object) -> torch.dtype:
+    """The dtype of ``node``'s tensor (the form's constants are made in it)."""
+    value = tensor_value(node)
+    assert value is not None
+    return value.dtype
 
 
 def _is_getitem(node: torch.fx.Node, index: int) -> bool:
@@ -118,7 +141,7 @@ class NormRewritePass(NodeRewritePass):
         if node.op != "call_function" or node.target not in self.targets or user_kept_out(node) or high_rank(node):
             return False
         x = tensor_value(node.args[0])
-        return x is not None and x.dtype == torch.float32 and x.dim() > 0
+        return x is not None and rewritten_float(x.dtype) and x.dim() > 0
 
     def form(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> Form | str:
         """The plain-PyTorch form of ``node`` and its inputs, or why there is none."""

@@ -1,6 +1,6 @@
 """Group norms as fully connected, elementwise and ``rsqrt`` ops XNNPACK runs.
 
-Invariant established: no float32 ``group_norm`` / ``native_group_norm`` (its mean and rstd unused) with
+Invariant established: no float32 or float16 ``group_norm`` / ``native_group_norm`` (its mean and rstd unused) with
 static channels and positions, of a tensor within XNNPACK's rank limit, is left. ExecuTorch 1.5.1's XNNPACK
 partitioner has no config for it, so every block of a MONAI-style 3-D UNet or a video VAE ran one on
 portable kernels between two delegates.
@@ -22,8 +22,18 @@ from typing import ClassVar
 import torch
 
 from xnnguard.graph.args import int_arg, schema_arguments
-from xnnguard.rewrite.norm.base import Form, NormRewritePass, Operand, affine_operand, eps_constant, shaped, statistics
-from xnnguard.rewrite.reduce.forms import reshape_to, sum_weights
+from xnnguard.rewrite.dtypes import is_half
+from xnnguard.rewrite.norm.base import (
+    Form,
+    NormRewritePass,
+    Operand,
+    affine_operand,
+    dtype_of,
+    eps_constant,
+    shaped,
+    statistics,
+)
+from xnnguard.rewrite.reduce.forms import reshape_to, stage_rule, sum_weights
 from xnnguard.rewrite.reduce.plan import SumPlan
 from xnnguard.rules.rank_limit import exceeds_rank_limit
 
@@ -51,32 +61,37 @@ def group_norm_form(
     if split and exceeds_rank_limit(len(shape) + 1):
         return f"its channels split into groups make {len(shape) + 1} dims"
     ones = [1] * len(positions)
+    dtype = dtype_of(x)
+    rule = stage_rule(dtype)
     if split:  # statistics over the trailing (C/G, *S) of (N, G, C/G, *S)
-        plan, affine_shape = SumPlan(None, (per_group, *positions)), [groups, per_group, *ones]
+        plan, affine_shape = SumPlan(None, (per_group, *positions), *rule), [groups, per_group, *ones]
     else:  # over (C, *S) for one group, over S for one channel per group
-        plan = SumPlan(None, (channels, *positions) if groups == 1 else tuple(positions))
+        plan = SumPlan(None, (channels, *positions) if groups == 1 else tuple(positions), *rule)
         affine_shape = [channels, *ones]
     scale = affine_operand(graph_module, weight, affine_shape)
     shift = affine_operand(graph_module, bias, affine_shape)
     if scale is None:
-        scale = torch.ones(affine_shape)
+        scale = torch.ones(affine_shape, dtype=dtype)
     if shift is None:
-        shift = torch.zeros(affine_shape)
-    averages = sum_weights(plan.stages, 1.0 / plan.k)
+        shift = torch.zeros(affine_shape, dtype=dtype)
+    averages = sum_weights(plan.stages, 1.0 / plan.k, dtype)
 
     def group_norm(x_: torch.Tensor, eps_: torch.Tensor, weight_: torch.Tensor, bias_: torch.Tensor,
                    *weights: torch.Tensor) -> torch.Tensor:
         batch = x_.shape[0]
         grouped = reshape_to(x_, [batch, groups, per_group, *positions]) if split else x_
-        mean, _, rstd = statistics(grouped, plan, weights, eps_)
+        mean, centered, rstd = statistics(grouped, plan, weights, eps_)
         per_channel = rstd * shaped(weight_, affine_shape)
+        if is_half(x_.dtype):  # d * scale + bias (xnnguard.rewrite.norm.base says why)
+            y = centered * per_channel + shaped(bias_, affine_shape)
+            return reshape_to(y, list(x_.shape)) if split else y
         offset = shaped(bias_, affine_shape) - mean * per_channel
         if split:  # (N, G, C/G, 1...) -> (N, C, 1...): fresh tensors, merged by a view
             per_channel = reshape_to(per_channel, [batch, channels, *ones])
             offset = reshape_to(offset, [batch, channels, *ones])
         return x_ * per_channel + offset
 
-    operands: list[Operand] = [x, eps_constant(float(eps)), scale, shift, *averages]
+    operands: list[Operand] = [x, eps_constant(float(eps), dtype), scale, shift, *averages]
     return group_norm, operands
 
 

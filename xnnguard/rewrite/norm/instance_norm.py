@@ -1,6 +1,6 @@
 """Instance norms, and batch norms that normalize with the batch's own statistics, as ops XNNPACK runs.
 
-Invariant established: no float32 ``instance_norm``, ``batch_norm`` with ``training=True`` and no
+Invariant established: no float32 or float16 ``instance_norm``, ``batch_norm`` with ``training=True`` and no
 running statistics, or ``_native_batch_norm_legit.no_stats`` (what both decompose to; its statistics
 unused), with static channels and positions, of a tensor within XNNPACK's rank limit, is left.
 ExecuTorch 1.5.1's XNNPACK partitioner takes a batch norm only with running statistics, so nnU-Net's
@@ -35,9 +35,18 @@ import torch
 
 from xnnguard.graph.args import schema_arguments
 from xnnguard.rewrite.constants import constant_value
-from xnnguard.rewrite.norm.base import Form, NormRewritePass, Operand, affine_operand, eps_constant, shaped
+from xnnguard.rewrite.dtypes import is_half
+from xnnguard.rewrite.norm.base import (
+    Form,
+    NormRewritePass,
+    Operand,
+    affine_operand,
+    dtype_of,
+    eps_constant,
+    shaped,
+)
 from xnnguard.rewrite.norm.group_norm import group_norm_form
-from xnnguard.rewrite.reduce.forms import sum_weights, trailing_sum
+from xnnguard.rewrite.reduce.forms import second_moment, stage_rule, sum_weights, trailing_sum
 from xnnguard.rewrite.reduce.plan import chain_stages, stages
 
 __all__ = ["RewriteInstanceNormPass"]
@@ -56,6 +65,7 @@ def _running_stats_form(graph_module: torch.fx.GraphModule, arguments: Mapping[s
     assert isinstance(x, torch.fx.Node)
     mean, var = (constant_value(graph_module, arguments[name]) for name in ("running_mean", "running_var"))
     weight, bias = (arguments.get(name) for name in ("weight", "bias"))
+    dtype = dtype_of(x)
     weight_value = constant_value(graph_module, weight) if weight is not None else torch.ones(1)
     bias_value = constant_value(graph_module, bias) if bias is not None else torch.zeros(1)
     eps = arguments.get("eps")
@@ -64,10 +74,11 @@ def _running_stats_form(graph_module: torch.fx.GraphModule, arguments: Mapping[s
     if not isinstance(eps, float | int):
         return "its eps is not a constant"
     shape = _channel_shape(x)
-    with torch.no_grad():
+    with torch.no_grad():  # in float32, as PyTorch computes a float16 batch norm, rounded once to x's dtype
+        weight_value, bias_value, mean, var = (v.to(torch.float32) for v in (weight_value, bias_value, mean, var))
         scale = weight_value / torch.sqrt(var + float(eps))
         shift = bias_value - mean * scale
-    scale, shift = (value.to(torch.float32).reshape(shape).clone() for value in (scale, shift))
+    scale, shift = (value.to(dtype).reshape(shape).clone() for value in (scale, shift))
     return (lambda x_, scale_, shift_: x_ * scale_ + shift_), [x, scale, shift]
 
 
@@ -86,12 +97,15 @@ def _batch_stats_form(graph_module: torch.fx.GraphModule, arguments: Mapping[str
     batch, channels = int(shape[0]), int(shape[1])
     positions = tuple(int(size) for size in shape[2:])
     channel = _channel_shape(x)
+    dtype = dtype_of(x)
+    rule = stage_rule(dtype)
     scale = affine_operand(graph_module, arguments.get("weight"), channel)
     shift = affine_operand(graph_module, arguments.get("bias"), channel)
-    inner = len(chain_stages(positions))
-    averages = sum_weights([*chain_stages(positions), *stages(batch)], 1.0 / (batch * math.prod(positions)))
-    constants: list[Operand] = [torch.ones(channel) if scale is None else scale,
-                                torch.zeros(channel) if shift is None else shift]
+    inner = len(chain_stages(positions, *rule))
+    averages = sum_weights([*chain_stages(positions, *rule), *stages(batch, *rule)],
+                           1.0 / (batch * math.prod(positions)), dtype)
+    constants: list[Operand] = [torch.ones(channel, dtype=dtype) if scale is None else scale,
+                                torch.zeros(channel, dtype=dtype) if shift is None else shift]
 
     def channel_mean(t: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The mean of each channel of ``(N, C, *S)`` over batch and positions, at ``(C, 1, ..., 1)``."""
@@ -100,13 +114,19 @@ def _batch_stats_form(graph_module: torch.fx.GraphModule, arguments: Mapping[str
 
     def batch_norm(x_: torch.Tensor, eps_: torch.Tensor, weight_: torch.Tensor, bias_: torch.Tensor,
                    *weights: torch.Tensor) -> torch.Tensor:
+        if is_half(x_.dtype):  # as xnnguard.rewrite.norm.base.statistics: shifted, scaled, d * scale + bias
+            shifted = x_ - x_[(slice(0, 1), slice(None), *[slice(0, 1)] * len(positions))]
+            centered = shifted - channel_mean(shifted, weights)
+            q, s = second_moment(centered, lambda t: channel_mean(t, weights))
+            per_channel = torch.rsqrt(q + eps_ / s / s) / s * shaped(weight_, channel)
+            return centered * per_channel + shaped(bias_, channel)
         mean = channel_mean(x_, weights)
         centered = x_ - mean
         per_channel = torch.rsqrt(channel_mean(centered * centered, weights) + eps_) * shaped(weight_, channel)
         offset = shaped(bias_, channel) - mean * per_channel
         return x_ * per_channel + offset
 
-    return batch_norm, [x, eps_constant(float(eps)), *constants, *averages]
+    return batch_norm, [x, eps_constant(float(eps), dtype), *constants, *averages]
 
 
 class RewriteInstanceNormPass(NormRewritePass):

@@ -1,7 +1,7 @@
 """Layer norms and RMS norms as fully connected, elementwise and ``rsqrt`` ops XNNPACK runs.
 
-Invariant established: no float32 ``layer_norm`` / ``native_layer_norm`` (its mean and rstd unused) or
-``rms_norm`` over static normalized dims of a tensor within XNNPACK's rank limit is left. ExecuTorch
+Invariant established: no float32 or float16 ``layer_norm`` / ``native_layer_norm`` (its mean and rstd
+unused) or ``rms_norm`` over static normalized dims of a tensor within XNNPACK's rank limit is left. ExecuTorch
 1.5.1's XNNPACK partitioner has no config for either, so every transformer block (MViT, Swin3D,
 VideoMAE, Hiera, Qwen2-VL's vision tower) ran two of them on portable kernels, each between two
 delegates.
@@ -10,7 +10,8 @@ A layer norm normalizes its trailing ``normalized_shape`` dims: ``statistics``
 (``xnnguard.rewrite.norm.base``) over them, on the input as it is (the linears take any leading dims, a
 dynamic batch or sequence too), then ``(x - mean) * rstd * weight + bias``. An RMS norm is
 ``x * rsqrt(sum(x * x, 1/K) + eps) * weight`` (``eps`` None: float32's machine epsilon, as PyTorch
-does). Above 6 dims, ``ReduceRankPass`` (which runs first) merges the leading dims.
+does, also in float16, which it computes in float32); in float16 the mean of squares is taken without
+overflow (``xnnguard.rewrite.norm.base``). Above 6 dims, ``ReduceRankPass`` (which runs first) merges the leading dims.
 """
 
 from __future__ import annotations
@@ -21,8 +22,18 @@ from typing import ClassVar
 import torch
 
 from xnnguard.graph.args import int_list, schema_arguments
-from xnnguard.rewrite.norm.base import Form, NormRewritePass, Operand, affine_operand, eps_constant, shaped, statistics
-from xnnguard.rewrite.reduce.forms import sum_weights, trailing_sum
+from xnnguard.rewrite.dtypes import is_half
+from xnnguard.rewrite.norm.base import (
+    Form,
+    NormRewritePass,
+    Operand,
+    affine_operand,
+    dtype_of,
+    eps_constant,
+    shaped,
+    statistics,
+)
+from xnnguard.rewrite.reduce.forms import second_moment, stage_rule, sum_weights, trailing_sum
 from xnnguard.rewrite.reduce.plan import SumPlan
 
 __all__ = ["RewriteLayerNormPass", "RewriteRmsNormPass"]
@@ -33,6 +44,7 @@ _aten = torch.ops.aten
 def _trailing_plan(node: torch.fx.Node, normalized: list[int]) -> SumPlan | str:
     x = node.args[0]
     assert isinstance(x, torch.fx.Node)
+    rule = stage_rule(dtype_of(x))
     shape = x.meta["val"].shape
     trailing = list(shape[len(shape) - len(normalized) :]) if len(normalized) <= len(shape) else None
     if not normalized or trailing != normalized:
@@ -41,7 +53,7 @@ def _trailing_plan(node: torch.fx.Node, normalized: list[int]) -> SumPlan | str:
         return "it normalizes an empty tensor"
     if math.prod(normalized) == 1:
         return "it normalizes single elements"
-    return SumPlan(None, tuple(normalized))
+    return SumPlan(None, tuple(normalized), *rule)
 
 
 def _eps(value: object, default: float) -> float | None:
@@ -67,7 +79,8 @@ class RewriteLayerNormPass(NormRewritePass):
             return "its eps is not a constant"
         weight = affine_operand(graph_module, arguments.get("weight"), normalized)
         bias = affine_operand(graph_module, arguments.get("bias"), normalized)
-        averages = sum_weights(plan.stages, 1.0 / plan.k)
+        dtype = dtype_of(node.args[0])
+        averages = sum_weights(plan.stages, 1.0 / plan.k, dtype)
         count = len(averages)
 
         def layer_norm(x: torch.Tensor, eps_: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
@@ -81,7 +94,7 @@ class RewriteLayerNormPass(NormRewritePass):
             return y
 
         present: list[Operand] = [operand for operand in (weight, bias) if operand is not None]
-        return layer_norm, [node.args[0], eps_constant(eps), *averages, *present]  # type: ignore[list-item]
+        return layer_norm, [node.args[0], eps_constant(eps, dtype), *averages, *present]  # type: ignore[list-item]
 
 
 class RewriteRmsNormPass(NormRewritePass):
@@ -100,13 +113,18 @@ class RewriteRmsNormPass(NormRewritePass):
         if eps is None:
             return "its eps is not a constant"
         weight = affine_operand(graph_module, arguments.get("weight"), normalized)
-        averages = sum_weights(plan.stages, 1.0 / plan.k)
+        dtype = dtype_of(node.args[0])
+        averages = sum_weights(plan.stages, 1.0 / plan.k, dtype)
         count = len(averages)
 
         def rms_norm(x: torch.Tensor, eps_: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
             weights, affine = rest[:count], rest[count:]
-            y = x * torch.rsqrt(trailing_sum(x * x, plan.sizes, weights) + eps_)
+            if is_half(x.dtype):
+                q, s = second_moment(x, lambda t: trailing_sum(t, plan.sizes, weights))
+                y = x * (torch.rsqrt(q + eps_ / s / s) / s)
+            else:
+                y = x * torch.rsqrt(trailing_sum(x * x, plan.sizes, weights) + eps_)
             return y * shaped(affine[0], normalized) if weight is not None else y
 
         present: list[Operand] = [weight] if weight is not None else []
-        return rms_norm, [node.args[0], eps_constant(eps), *averages, *present]  # type: ignore[list-item]
+        return rms_norm, [node.args[0], eps_constant(eps, dtype), *averages, *present]  # type: ignore[list-item]

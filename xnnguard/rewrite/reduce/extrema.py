@@ -1,6 +1,6 @@
 """Maxima and minima over any dims of a tensor of at most 6 dims, as slices and ``maximum``/``minimum``.
 
-Invariant established: no float32 ``amax``/``amin``, values-only ``max.dim``/``min.dim`` or full
+Invariant established: no float32 or float16 ``amax``/``amin``, values-only ``max.dim``/``min.dim`` or full
 ``max``/``min`` over static dims of a tensor within XNNPACK's rank limit is left, except the max over H or
 W of a 4-D tensor that XNNPACK 1.5.1 takes as a max pooling (``xnnguard.rules.max_reduction``, put in its
 written form by ``MaxKeepdimPass``). 1.5.1's partitioner has no config for ``amax`` and takes
@@ -26,6 +26,7 @@ import torch
 from xnnguard.graph.args import int_arg, schema_arguments
 from xnnguard.graph.shapes import tensor_value
 from xnnguard.report import Rule
+from xnnguard.rewrite.dtypes import rewritten_float
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import high_rank, user_kept_out
@@ -78,7 +79,7 @@ class RewriteExtremumPass(NodeRewritePass):
         if node.op != "call_function" or node.target not in _EXTREMA or user_kept_out(node) or high_rank(node):
             return False
         x = tensor_value(node.args[0])
-        if x is None or x.dim() == 0 or x.dtype != torch.float32:
+        if x is None or x.dim() == 0 or not rewritten_float(x.dtype):
             return False
         _, with_indices = _EXTREMA[node.target]
         return not (with_indices and _values_users(node) is not None and _max_pooling_form(node, x))

@@ -1,6 +1,6 @@
 """A mean over H and W of a 4-D tensor keeps its dims, so XNNPACK runs it as global average pooling.
 
-Invariant established: every float32 ``mean`` over dims (2, 3) of a 4-D tensor is written
+Invariant established: every float32 or float16 ``mean`` over dims (2, 3) of a 4-D tensor is written
 ``mean(x, [2, 3], True)`` (``keepdim`` positional, as ``MeanDimConfig`` reads it), followed by a view to
 the original result when ``keepdim`` was False: ``x.mean((2, 3))``, ``x.mean((-2, -1))`` and
 ``torch.mean(x, dim=[2, 3], keepdim=True)`` all lower as XNNPACK's global average pooling. 1.5.1's config
@@ -17,6 +17,7 @@ import torch
 
 from xnnguard.graph.args import schema_arguments
 from xnnguard.graph.shapes import tensor_value
+from xnnguard.rewrite.dtypes import rewritten_float
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import user_kept_out
@@ -28,12 +29,13 @@ _aten = torch.ops.aten
 
 
 def is_mean_over_height_and_width(node: torch.fx.Node) -> bool:
-    """A float32 mean over dims (2, 3) of a 4-D tensor, however written: XNNPACK's global average pooling."""
+    """A float32 or float16 mean over dims (2, 3) of a 4-D tensor, however written: XNNPACK's global average
+    pooling (in float16 it sums in float32 on every CPU, ``f16_f32acc_rsum``, as PyTorch's own mean does)."""
     if node.op != "call_function" or node.target is not _aten.mean.dim:
         return False
     arguments = schema_arguments(node) or {}
     x, out = tensor_value(arguments.get("input")), tensor_value(node)
-    if x is None or out is None or x.dim() != 4 or x.dtype != torch.float32 or arguments.get("dtype") is not None:
+    if x is None or out is None or x.dim() != 4 or not rewritten_float(x.dtype) or arguments.get("dtype") is not None:
         return False
     return reduced_dims(arguments.get("dim"), 4) == [2, 3]
 

@@ -15,7 +15,10 @@ other.
 
 XNNPACK packs a linear's ``(1, size)`` vector into a ``size x 8..16`` panel, so a dim longer than
 ``MAX_STAGE`` is summed in stages (``stages``): viewed as ``(size / s1, s1)``, summed over ``s1``, then
-over the rest. A sum of partial sums of equal-sized blocks is the sum.
+over the rest. A sum of partial sums of equal-sized blocks is the sum. In float16 the stages are at
+most ``xnnguard.rewrite.dtypes.HALF_MAX_STAGE`` long (``SumPlan.limit``; the dtypes module says why), and
+a dim no such stages divide (a prime, 197 tokens) is summed as the next length they do, padded with
+zeros (``SumPlan.pad``): zeros add nothing to a sum.
 
 Why it is exact: a permute moves elements without changing them, and a sum (max, min) treats the
 elements it reduces as an unordered set, so summing dim after dim changes only the order of a float
@@ -50,13 +53,20 @@ def _is_static(size: Size) -> bool:
     return isinstance(size, int)
 
 
-def stages(size: int, limit: int = MAX_STAGE) -> tuple[int, ...]:
+def stages(size: int, limit: int = MAX_STAGE, pad: bool = False) -> tuple[int, ...]:
     """``size`` as a product of stage lengths, innermost first, each at most ``limit`` when ``size`` allows it.
 
     Two stages near ``sqrt(size)`` rather than one long and one short: the first stage then has many rows
     to spread over threads, and its constant stays small. A ``size`` with no divisor up to ``limit`` (a
-    large prime) is one stage. A dim of size 1 needs none: it is dropped by a view.
+    large prime) is one stage, or with ``pad`` the stages of the next size that has them (their product
+    is then above ``size``: the sum is taken over the dim padded with zeros). A dim of size 1 needs none:
+    it is dropped by a view.
     """
+    if pad:
+        padded = size
+        while max(stages(padded, limit), default=1) > limit:
+            padded += 1
+        return stages(padded, limit)
     if size == 1:
         return ()
     if size <= limit:
@@ -69,9 +79,9 @@ def stages(size: int, limit: int = MAX_STAGE) -> tuple[int, ...]:
     return (first, *stages(size // first, limit))
 
 
-def chain_stages(sizes: Sequence[int], limit: int = MAX_STAGE) -> tuple[int, ...]:
+def chain_stages(sizes: Sequence[int], limit: int = MAX_STAGE, pad: bool = False) -> tuple[int, ...]:
     """The stage lengths, in the order the linears run, that sum trailing dims of ``sizes``: the last first."""
-    return tuple(s for size in reversed(sizes) for s in stages(size, limit))
+    return tuple(s for size in reversed(sizes) for s in stages(size, limit, pad))
 
 
 def data_dims(shape: Sequence[Size], dims: Sequence[int]) -> list[int]:
@@ -81,10 +91,13 @@ def data_dims(shape: Sequence[Size], dims: Sequence[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class SumPlan:
-    """``x.permute(perm)`` (if any), then the trailing dims of ``sizes`` summed one by one, the last first."""
+    """``x.permute(perm)`` (if any), then the trailing dims of ``sizes`` summed one by one, the last first,
+    in stages of at most ``limit`` (with ``pad``, also a dim that needs padding to have them)."""
 
     perm: tuple[int, ...] | None
     sizes: tuple[int, ...]
+    limit: int = MAX_STAGE
+    pad: bool = False
 
     @property
     def k(self) -> int:
@@ -92,7 +105,7 @@ class SumPlan:
 
     @property
     def stages(self) -> tuple[int, ...]:
-        return chain_stages(self.sizes)
+        return chain_stages(self.sizes, self.limit, self.pad)
 
 
 def reduced_size(shape: Sequence[Size], dims: Sequence[int]) -> int | str:
@@ -106,8 +119,9 @@ def reduced_size(shape: Sequence[Size], dims: Sequence[int]) -> int | str:
     return k
 
 
-def sum_plan(shape: Sequence[Size], dims: Sequence[int]) -> SumPlan | str:
-    """How to sum ``shape`` over ``dims`` (non-negative, distinct) with linears, or why not.
+def sum_plan(shape: Sequence[Size], dims: Sequence[int], limit: int = MAX_STAGE, pad: bool = False) -> SumPlan | str:
+    """How to sum ``shape`` over ``dims`` (non-negative, distinct) with linears of at most ``limit``
+    (``pad``: as ``stages``), or why not.
 
     When no kept dim holding data lies behind a reduced one, there is no permute, and the trailing dims
     from the first reduced one on are summed (dims of size 1 among them, kept or not, take no linear).
@@ -120,6 +134,6 @@ def sum_plan(shape: Sequence[Size], dims: Sequence[int]) -> SumPlan | str:
         return "it reduces dims of size 1 only (a view)"
     kept_data = [d for d in data_dims(shape, range(len(shape))) if d not in reduced]
     if all(d < reduced[0] for d in kept_data):
-        return SumPlan(None, tuple(int(size) for size in shape[reduced[0] :]))  # type: ignore[call-overload]
+        return SumPlan(None, tuple(int(size) for size in shape[reduced[0] :]), limit, pad)  # type: ignore[call-overload]
     order = tuple(d for d in range(len(shape)) if d not in reduced) + tuple(reduced)
-    return SumPlan(order, tuple(int(shape[d]) for d in reduced))  # type: ignore[call-overload]
+    return SumPlan(order, tuple(int(shape[d]) for d in reduced), limit, pad)  # type: ignore[call-overload]

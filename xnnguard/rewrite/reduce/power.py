@@ -1,6 +1,6 @@
 """Small constant powers as the multiplies, roots and divisions XNNPACK runs.
 
-Invariant established: no float32 ``pow(x, n)`` with a constant ``n`` in {2.0, 3, 4, -1, -2, 0.5, -0.5}
+Invariant established: no float32 or float16 ``pow(x, n)`` with a constant ``n`` in {2.0, 3, 4, -1, -2, 0.5, -0.5}
 is left (``n`` an int or a float of that value) except ``pow(x, 2)`` with an int 2, which XNNPACK 1.5.1
 takes itself as a square. Its ``PowConfig`` takes the int 2 only, so ``x ** 2.0`` (what ``x.pow(2.0)``,
 ``x ** 2.`` and many hand-written RMS norms and variances write) and any other power ran on portable
@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from xnnguard.graph.shapes import tensor_value
+from xnnguard.rewrite.dtypes import rewritten_float
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import high_rank, user_kept_out
@@ -68,7 +69,7 @@ class RewritePowerPass(NodeRewritePass):
         if user_kept_out(node) or high_rank(node) or _exponent(node) is None:
             return False
         x, out = tensor_value(node.args[0]), tensor_value(node)
-        return x is not None and out is not None and x.dtype == out.dtype == torch.float32
+        return x is not None and out is not None and x.dtype == out.dtype and rewritten_float(x.dtype)
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         exponent = _exponent(node)
@@ -78,7 +79,7 @@ class RewritePowerPass(NodeRewritePass):
         assert isinstance(x, torch.fx.Node)
         inputs: list[torch.fx.Node | torch.Tensor] = [x]
         if exponent < -0.5:
-            inputs.append(torch.ones(1))  # the numerator, as a constant XNNPACK reads (not a scalar)
+            inputs.append(torch.ones(1, dtype=x.meta["val"].dtype))  # the numerator: a constant XNNPACK reads
             output = splice_before(graph_module, node, form, inputs)
         else:
             output = splice_before(graph_module, node, lambda x_: form(x_, x_), inputs)

@@ -1,7 +1,7 @@
 """Sums, means, variances and vector norms over any dims of a tensor of at most 6 dims, as linears XNNPACK runs.
 
-Invariant established: no float32 ``sum``, ``mean``, ``var``, ``std`` or ``linalg_vector_norm`` (ord 1 or
-2) over static dims of a tensor within XNNPACK's rank limit is left, except the mean XNNPACK 1.5.1 takes
+Invariant established: no float32 or float16 ``sum``, ``mean``, ``var``, ``std`` or ``linalg_vector_norm``
+(ord 1 or 2) over static dims of a tensor within XNNPACK's rank limit is left, except the mean XNNPACK 1.5.1 takes
 itself as global average pooling (4-D, dims (2, 3), ``keepdim``; ``MeanKeepdimPass`` writes every 4-D
 mean over (2, 3) so). ExecuTorch 1.5.1's XNNPACK partitioner has no config for sum, var or norms and takes a mean
 in that one form only, so each ran on portable kernels between two delegates.
@@ -13,7 +13,9 @@ mean over dims of size 1 only (S3D's head on a small input) is a view of its inp
 variance is ``sum((x - mean)^2) / (K - correction)``, two-pass like PyTorch's, so the subtraction sees
 the mean, not a cancelling difference of large sums; ``std`` its ``sqrt``; a 2-norm ``sqrt(sum(x*x))``,
 a 1-norm ``sum(abs(x))``. Why it is exact: the same elements summed in another order (one rounding per
-partial sum), and ``1/K`` rounded once.
+partial sum), and ``1/K`` rounded once. In float16 every stage is a scaled mean and the squares are of
+``x / s`` (``xnnguard.rewrite.dtypes`` says why): a variance is ``q * K/(K - correction) * s * s``, a
+2-norm ``sqrt(q) * s * sqrt(K)``, each overflowing only where PyTorch's float16 result does.
 
 int8: the stock XNNPACK quantizer leaves sum, var, std and norms float, so their pieces stay float. A
 mean is one of its share ops: quantized only when its input is, then at its input's scale. The pieces of
@@ -24,7 +26,8 @@ a mean stay float too, and their output is quantized at the input's scale
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,10 +36,19 @@ import torch
 from xnnguard.graph.args import schema_arguments
 from xnnguard.graph.shapes import tensor_value
 from xnnguard.report import Rule
+from xnnguard.rewrite.dtypes import is_half, rewritten_float
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import high_rank, user_kept_out
-from xnnguard.rewrite.reduce.forms import contiguous_view, sum_weights, trailing_sum
+from xnnguard.rewrite.reduce.forms import (
+    contiguous_view,
+    reshape_to,
+    second_moment,
+    shifted_deviations,
+    stage_rule,
+    sum_weights,
+    trailing_sum,
+)
 from xnnguard.rewrite.reduce.keepdim_mean import is_mean_over_height_and_width
 from xnnguard.rewrite.reduce.plan import SumPlan, data_dims, reduced_dims, sum_plan
 
@@ -86,7 +98,7 @@ def read_reduction(node: torch.fx.Node) -> Reduction | str:
     dims = reduced_dims(arguments.get("dim"), x.dim())
     if dims is None:
         return "its dims are not constants"
-    if arguments.get("dtype") not in (None, torch.float32):
+    if arguments.get("dtype") not in (None, x.dtype):
         return f"it accumulates in {arguments['dtype']}"
     correction = 0.0
     if kind in ("var", "std"):
@@ -109,15 +121,19 @@ def _output_sizes(x: torch.Tensor, reduction: Reduction) -> list[int | torch.Sym
 
 
 def reduction_function(
-    reduction: Reduction, plan: SumPlan
+    reduction: Reduction, plan: SumPlan, dtype: torch.dtype = torch.float32
 ) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
-    """``(f, constants)``: ``f(x, *constants)`` computes ``reduction`` of ``x`` with linears (plain PyTorch)."""
+    """``(f, constants)``: ``f(x, *constants)`` computes ``reduction`` of ``x`` (of ``dtype``) with linears
+    (plain PyTorch)."""
+    half = is_half(dtype)
     scale = {"sum": 1.0, "norm1": 1.0, "norm2": 1.0, "mean": 1.0 / plan.k}.get(reduction.kind)
-    if scale is not None:
-        constants = sum_weights(plan.stages, scale)
+    if half and reduction.kind in ("norm2", "var", "std"):  # means only: see second_moment
+        constants = sum_weights(plan.stages, 1.0 / plan.k, dtype)
+    elif scale is not None:
+        constants = sum_weights(plan.stages, scale, dtype)
     else:  # var, std: a mean, then the sum of squared deviations over K - correction
         unbiased = 1.0 / (plan.k - reduction.correction)
-        constants = sum_weights(plan.stages, 1.0 / plan.k) + sum_weights(plan.stages, unbiased)
+        constants = sum_weights(plan.stages, 1.0 / plan.k, dtype) + sum_weights(plan.stages, unbiased, dtype)
     count = len(plan.stages)
 
     def f(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
@@ -127,6 +143,8 @@ def reduction_function(
             return trailing_sum(gathered, plan.sizes, weights, out)
         if reduction.kind == "norm1":
             return trailing_sum(torch.abs(gathered), plan.sizes, weights, out)
+        if half:
+            return reshape_to(_half_second_moment(gathered, reduction, plan, weights), out)
         if reduction.kind == "norm2":
             return torch.sqrt(trailing_sum(gathered * gathered, plan.sizes, weights, out))
         centered = gathered - trailing_sum(gathered, plan.sizes, weights[:count])
@@ -134,6 +152,22 @@ def reduction_function(
         return torch.sqrt(total) if reduction.kind == "std" else total
 
     return f, constants
+
+
+def _half_second_moment(gathered: torch.Tensor, reduction: Reduction, plan: SumPlan,
+                        means: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A float16 2-norm, variance or standard deviation (keepdim), from ``second_moment``."""
+
+    def mean(t: torch.Tensor) -> torch.Tensor:
+        return trailing_sum(t, plan.sizes, means)
+
+    if reduction.kind == "norm2":
+        q, s = second_moment(gathered, mean)
+        return torch.sqrt(q) * s * math.sqrt(plan.k)
+    centered, _ = shifted_deviations(gathered, len(plan.sizes), mean)
+    q, s = second_moment(centered, mean)
+    q = q * (plan.k / (plan.k - reduction.correction))
+    return torch.sqrt(q) * s if reduction.kind == "std" else q * s * s
 
 
 class RewriteSumPass(NodeRewritePass):
@@ -150,7 +184,7 @@ class RewriteSumPass(NodeRewritePass):
         out = tensor_value(node)
         if x is None or out is None or x.dim() == 0:
             return False
-        return x.dtype == out.dtype == torch.float32 and not is_mean_over_height_and_width(node)
+        return x.dtype == out.dtype and rewritten_float(x.dtype) and not is_mean_over_height_and_width(node)
 
     def shares_input_quantization(self, node: torch.fx.Node) -> bool:
         return _KINDS.get(node.target) == "mean"
@@ -168,12 +202,13 @@ class RewriteSumPass(NodeRewritePass):
             )
             node.replace_all_uses_with(output)
             return None
-        plan = sum_plan(shape, reduction.dims)
+        dtype = x.meta["val"].dtype
+        plan = sum_plan(shape, reduction.dims, *stage_rule(dtype))
         if isinstance(plan, str):
             return plan
         if reduction.kind in ("var", "std") and plan.k - reduction.correction <= 0:
             return f"a correction of {reduction.correction} over {plan.k} elements divides by zero or less"
-        function, constants = reduction_function(reduction, plan)
+        function, constants = reduction_function(reduction, plan, dtype)
         output = splice_before(graph_module, node, function, [x, *constants])
         node.replace_all_uses_with(output)
         return None
