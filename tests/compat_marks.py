@@ -18,6 +18,12 @@ without_pre_decomposition_hook = pytest.mark.skipif(
 )
 
 
+needs_bfloat16_opt_in = pytest.mark.skipif(
+    not compat.has_bfloat16_opt_in(),
+    reason="this ExecuTorch's XNNPACK configs take no bfloat16, enable_bf16 or not (1.4)",
+)
+
+
 def _names_placeholders_safely() -> bool:
     from executorch.backends.transforms import utils
 

@@ -81,6 +81,11 @@ def _prelu_rank() -> tuple[torch.fx.Node, Context]:
     return _node(_exported(nn.PReLU(3), torch.randn(1, 3, 2, 4, 5)), "prelu"), Context()
 
 
+def _bfloat16() -> tuple[torch.fx.Node, Context]:
+    conv = nn.Conv2d(3, 4, 3).bfloat16()
+    return _node(_exported(conv, torch.randn(1, 3, 8, 8).bfloat16()), "conv2d"), Context()
+
+
 def _user_tag() -> tuple[torch.fx.Node, Context]:
     node = _node(_exported(_Lambda(lambda x: x + 1), torch.randn(4)), "add")
     tag(node, "kept on the portable kernels on purpose")
@@ -122,6 +127,7 @@ EXAMPLES: dict[Rule, Example] = {
     Rule.CONV3D: _conv3d,
     Rule.MAX_REDUCTION: _max_reduction,
     Rule.PRELU_RANK: _prelu_rank,
+    Rule.BFLOAT16: _bfloat16,
     Rule.USER_TAG: _user_tag,
     Rule.PASSTHROUGH_OUTPUT: _passthrough_output,
     Rule.QUANTIZED_PAD: _quantized_pad,

@@ -22,6 +22,8 @@ behaviour that depends on it says so where it lives:
 * ``has_runtime``: whether ExecuTorch's Python runtime loads here (1.3.1's, built against torch 2.12,
   does not on torch 2.13). The test suite skips what needs it.
 * ``has_recipe_api``: whether ``executorch.export`` has the recipe registry ``xnnguard.recipes`` plugs into.
+* ``has_bfloat16_opt_in``: whether the XNNPACK configs take bfloat16 when made with ``enable_bf16=True``
+  (1.5; 1.4 takes no bfloat16). ``xnnguard.rules.bfloat16`` says what XNNPACK then runs.
 
 Nothing here imports torch or ExecuTorch at module import: ``import xnnguard`` stays cheap.
 """
@@ -45,6 +47,7 @@ __all__ = [
     "UnsupportedExecuTorchError",
     "ensure_flatc",
     "executorch_version",
+    "has_bfloat16_opt_in",
     "has_pre_decomposition_hook",
     "has_recipe_api",
     "has_runtime",
@@ -193,3 +196,11 @@ def has_recipe_api() -> bool:
         return False
     names = ("BackendRecipeProvider", "ExportRecipe", "RecipeType", "recipe_registry", "export")
     return all(hasattr(export, name) for name in names)
+
+
+@cache
+def has_bfloat16_opt_in() -> bool:
+    """True when ExecuTorch's XNNPACK configs take bfloat16 if made with ``enable_bf16=True`` (1.5)."""
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+
+    return bool(getattr(ALL_PARTITIONER_CONFIGS[0](enable_bf16=True), "enable_bf16", False))

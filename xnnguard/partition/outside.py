@@ -7,7 +7,9 @@
 2. nothing XNNPACK runs computes it (``xnnguard.rules.no_equivalent``: an integer tensor, a gather by
    indices known only at run time);
 3. ExecuTorch's XNNPACK config for the op refused it: its own reason, the ``why(...)`` text it logs at
-   DEBUG (``xnnguard.boundary.why_no_partition``), or, where it gives none, which config refused it;
+   DEBUG (``xnnguard.boundary.why_no_partition``), or, where it gives none, which config refused it; a
+   bfloat16 node refused as an "invalid dtype" is said to be so (``xnnguard.rules.bfloat16.not_enabled``:
+   bfloat16 is delegated only with ``enable_bf16=True``);
 4. no XNNPACK config takes the operator at all (``aten.native_layer_norm.default``);
 5. its config took it into a match but no partition kept that match (the stock grouping split it off).
 
@@ -24,6 +26,7 @@ from executorch.exir.backend.canonical_partitioners.config_partitioner import fo
 
 from xnnguard.graph.ops import target_name
 from xnnguard.report import KeptOut, Rule
+from xnnguard.rules.bfloat16 import not_enabled
 from xnnguard.rules.keep_out import keep_out_reason
 from xnnguard.rules.registry import first_record
 from xnnguard.rules.rule import Scope
@@ -60,10 +63,14 @@ def outside_record(
     if explained is not None:
         return explained
     op = target_name(node)
+    name = getattr(node.target, "__name__", None)
     if node in refused:
         reason = reasons.get(node) or f"{refused[node]}.check_constraints refuses it (it gives no reason)"
+        config = configs.get(format_target_name(name)) if isinstance(name, str) else None
+        bfloat16 = not_enabled(node, getattr(config, "enable_bf16", None)) if reason == "invalid dtype" else None
+        if bfloat16 is not None:
+            return KeptOut(node.name, op, Rule.BFLOAT16, bfloat16)
         return KeptOut(node.name, op, Rule.XNNPACK_CONFIG, f"XNNPACK's {refused[node]}: {reason}")
-    name = getattr(node.target, "__name__", None)
     if not isinstance(name, str) or format_target_name(name) not in configs:
         return KeptOut(node.name, op, Rule.NO_XNNPACK_CONFIG, f"no XNNPACK config takes {op}")
     return KeptOut(node.name, op, Rule.XNNPACK_CONFIG, "its XNNPACK config matched it, but no partition kept the match")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rules import (
+    bfloat16,
     conv3d,
     dynamic_conv_source,
     max_reduction,
@@ -40,6 +41,7 @@ RULES: tuple[RuleCheck, ...] = (
     conv3d.RULE,
     max_reduction.RULE,
     prelu_rank.RULE,
+    bfloat16.RULE,
     tagged.RULE,
     passthrough_output.RULE,
     quantized_pad.RULE,
