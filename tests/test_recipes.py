@@ -19,6 +19,7 @@ from testbed.lowered import run_pte
 from testbed.tolerance import float_tolerance, int8_tolerance
 from xnnguard.example_models import VideoPatchEmbed
 from xnnguard.recipes import RewriteProgram, RewritingXNNPACKQuantizer, XnnguardRecipeType
+from xnnguard.report import Rule
 
 pytestmark = pytest.mark.release_sensitive
 
@@ -111,3 +112,46 @@ def test_the_stock_recipe_fails_and_xnnguards_loads_runs_and_matches(
     graph = session.get_edge_program_manager().exported_program().graph_module.graph
     outside = [n for n in graph.nodes if n.op == "call_function" and "executorch_call_delegate" not in str(n.target)]
     assert all("getitem" in str(node.target) for node in outside)
+
+
+class NarrowLinearHead(torch.nn.Module):
+    """Two linears XNNPACK takes int4 weights for (64 and 32 inputs) and a 16-input classifier it does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encode, self.hidden = torch.nn.Linear(64, 32), torch.nn.Linear(32, 16)
+        self.classify = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classify(torch.relu(self.hidden(torch.relu(self.encode(x)))))
+
+
+TORCHAO = [kind for kind in XnnguardRecipeType if kind.name.startswith("TORCHAO")]
+
+
+@pytest.mark.parametrize("kind", TORCHAO, ids=[kind.name for kind in TORCHAO])
+def test_a_linear_int4_weights_cannot_take_gets_int8_weights_and_a_record_and_the_rest_is_int4(
+    kind: XnnguardRecipeType,
+) -> None:
+    torch.manual_seed(0)
+    model, inputs = NarrowLinearHead().eval(), (torch.randn(2, 64),)
+    recipe = ExportRecipe.get_recipe(kind)
+    session = export(model, [inputs], export_recipe=recipe)
+    buffer = session.get_pte_buffer()
+    (out,) = run_pte(buffer, inputs)
+    quantized = session.get_stage_artifacts()[StageType.SOURCE_TRANSFORM].data["forward"]
+    reference, expected = quantized(*inputs), model(*inputs)
+    assert float((out - reference).abs().max()) <= 2 * float((reference - expected).abs().max()) + 1e-6
+    int4 = getattr(torch, "int4")  # noqa: B009  (torch's type stubs do not declare int4)
+    weights = {name: layer.weight.target_dtype for name, layer in quantized.named_children()}
+    assert weights == {"encode": int4, "hidden": int4, "classify": torch.int8}
+    (config,) = recipe.quantization_recipe.ao_quantization_configs
+    (record,) = config.ao_base_config.report
+    assert record.node == "classify" and record.rule is Rule.INT4_WEIGHT_BLOCKS and "int8 weights" in record.reason
+    (partitioner,) = recipe.lowering_recipe.partitioners
+    assert partitioner.report == []
+
+
+def test_a_group_size_xnnpack_cannot_take_int4_weights_in_is_an_error() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ExportRecipe.get_recipe(XnnguardRecipeType.TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR, group_size=16)

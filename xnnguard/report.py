@@ -30,6 +30,7 @@ class Rule(str, Enum):
     DYNAMIC_CONV_SOURCE = "dynamic_conv_source"  # xnnguard.rules.dynamic_conv_source
     QUANTIZATION_MATCH = "quantization_match"  # xnnguard.rules.quantization_match: taken float, delegated
     EXTRA_ROUNDING = "extra_rounding"  # a rewritten form that, quantized, rounds where the original does not
+    INT4_WEIGHT_BLOCKS = "int4_weight_blocks"  # xnnguard.recipes.int4_linears: int8 weights, not int4
     NO_XNNPACK_EQUIVALENT = "no_xnnpack_equivalent"  # xnnguard.rules.no_equivalent: no XNNPACK node computes it
     NO_XNNPACK_CONFIG = "no_xnnpack_config"  # xnnguard.partition.outside: ExecuTorch has no XNNPACK config for the op
     XNNPACK_CONFIG = "xnnpack_config"  # xnnguard.partition.outside: ExecuTorch's XNNPACK config refused it

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
 from executorch.backends.xnnpack.utils.configs import (
     get_xnnpack_edge_compile_config,
@@ -36,6 +35,7 @@ from executorch.export import (
 )
 
 from xnnguard.partition import XnnpackPartitioner
+from xnnguard.recipes.int4_linears import INT4_BLOCK, Int4WhereXnnpackTakesIt
 from xnnguard.recipes.recipe_types import BACKEND_NAME, XnnguardRecipeType
 from xnnguard.recipes.rewrite_steps import RewriteProgram, RewritingXNNPACKQuantizer
 
@@ -87,6 +87,9 @@ class XnnguardRecipeProvider(BackendRecipeProvider):
         group_size = kwargs.get("group_size", _DEFAULT_GROUP_SIZE)
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"group_size must be a positive int, not {group_size!r}")
+        if group_size % INT4_BLOCK:
+            raise ValueError(f"group_size must be a multiple of {INT4_BLOCK}: XNNPACK takes int4 weights in blocks of "
+                             f"a multiple of {INT4_BLOCK} input features, not {group_size}")
         per_channel = recipe_type is XnnguardRecipeType.TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_CHANNEL
         return _recipe(recipe_type, _torchao_int8_int4(per_channel, group_size), aten_rewrite=True)
 
@@ -105,11 +108,7 @@ def _recipe(recipe_type: RecipeType, quantization: QuantizationRecipe | None, *,
 
 
 def _torchao_int8_int4(per_channel: bool, group_size: int) -> QuantizationRecipe:
-    """torchao's int8 dynamic activation, int4 weight config: per output channel, or per group of inputs."""
-    from torchao.quantization.granularity import PerAxis, PerGroup
-    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
-
-    granularity = PerAxis(axis=0) if per_channel else PerGroup(group_size=group_size)
-    int4 = getattr(torch, "int4")  # noqa: B009  (torch's type stubs do not declare int4)
-    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=int4, weight_granularity=granularity)
-    return QuantizationRecipe(quantizers=None, ao_quantization_configs=[AOQuantizationConfig(config)])
+    """torchao's int8 dynamic activation, int4 weight scheme (per output channel, or per group of inputs) on
+    the linears XNNPACK takes it for, int8 weights on the others (``xnnguard.recipes.int4_linears``)."""
+    config = Int4WhereXnnpackTakesIt(None if per_channel else group_size)
+    return QuantizationRecipe(quantizers=None, ao_quantization_configs=[AOQuantizationConfig(config, config.select)])

@@ -55,6 +55,7 @@ OTHER_RECORDS: dict[Rule, str] = {
     Rule.NEEDS_KEPT_OUT_NODE: "xnnguard.partition: a match or partition member that needs a node a rule kept out",
     Rule.NOT_REWRITTEN: "xnnguard.rewrite: an op XNNPACK has no kernel for that a rewrite left as it was",
     Rule.EXTRA_ROUNDING: "xnnguard.quantizer: a rewritten form that, quantized, rounds where the original does not",
+    Rule.INT4_WEIGHT_BLOCKS: "xnnguard.recipes.int4_linears: a linear XNNPACK takes no int4 weights for gets int8 ones",
     Rule.NO_XNNPACK_CONFIG: "xnnguard.partition.outside: ExecuTorch has no XNNPACK config for the operator",
     Rule.XNNPACK_CONFIG: "xnnguard.partition.outside: ExecuTorch's XNNPACK config refused the node",
 }
