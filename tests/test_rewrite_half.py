@@ -57,6 +57,15 @@ def test_a_float32_gelu_is_left_to_xnnpacks_own_gelu() -> None:
     run.assert_matches()
 
 
+@pytest.mark.parametrize("activation", [nn.SiLU(), nn.Hardsigmoid()], ids=["silu", "hardsigmoid"])
+def test_a_float16_activation_decomposed_through_float32_runs_on_xnnpack_with_no_conversion_outside(
+    activation: nn.Module,
+) -> None:
+    run = lower_and_run(nn.Sequential(nn.Linear(8, 8), activation, nn.Linear(8, 8)), torch.randn(4, 8), "fp16")
+    assert run.lowered.num_delegates == 1 and not run.lowered.outside_ops(), run.lowered.outside_ops()
+    run.assert_matches()
+
+
 class Arithmetic(nn.Module):
     """Number operands of every kind the pass takes: mul, add (an int), div, sub, rsub."""
 

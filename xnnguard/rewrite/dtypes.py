@@ -19,11 +19,16 @@ scale before they sum (``xnnguard.rewrite.reduce.forms``):
 * a sum runs in stages of at most ``HALF_MAX_STAGE`` elements, each weighted by a power of two
   ``2^-ceil(log2 k)`` (exact): every partial result is at most the largest input, whatever the length,
   and no stage adds an element below the accumulator's rounding step; the last stage's weights carry
-  what is left of the op's own scale (``1/K`` for a mean), rounded once;
+  what is left of the op's own scale (``1/K`` for a mean), rounded once. A length no such stages divide
+  (a prime: 197 tokens) is padded with zeros to the next one they do;
 * a second moment (a variance, an RMS) squares ``d / s``, ``s`` eight times the mean absolute value
   (at least ``1/32``), never ``d``: ``d * d`` overflows from ``|d| = 256`` and loses all precision
   below ``|d| = 2^-12``; then ``rsqrt(q + eps/s/s)/s`` or ``q*s*s``, which overflow only where the
-  result itself does.
+  result itself does;
+* deviations are taken from the mean of ``x - x0`` (``x0`` the first element of the block) and a norm
+  is ``d * scale + bias``: a float16 mean is a rounding of ``|mean|`` off, which ``rsqrt`` of a small
+  variance magnifies up to ``1/sqrt(eps)`` times, and ``x * scale + shift`` loses the bias of a block
+  of equal values to the rounding of ``x * scale``; PyTorch gives such a block exactly its bias.
 """
 
 from __future__ import annotations

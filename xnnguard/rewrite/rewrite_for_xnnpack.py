@@ -24,7 +24,7 @@ from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.conv3d.conv_transpose3d import RewriteConvTranspose3dPass
 from xnnguard.rewrite.conv3d.fold_batch_norm3d import FoldBatchNorm3dPass
 from xnnguard.rewrite.conv3d.pool3d import RewritePool3dPass
-from xnnguard.rewrite.half import RewriteHalfGeluPass, ScalarOperandsPass
+from xnnguard.rewrite.half import RewriteHalfActivationsPass, RewriteHalfGeluPass, ScalarOperandsPass
 from xnnguard.rewrite.norm import passes as norm_passes
 from xnnguard.rewrite.rank.reduce_rank import ReduceRankPass
 from xnnguard.rewrite.reduce import passes as reduce_passes
@@ -45,9 +45,9 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
     norms fold into their 3-D conv before it is rewritten; the rank reduction runs over the views the
     3-D rewrites leave too. The normalizations and reductions run after it: it brings a layer norm or a
     reduction above 6 dims to merged dims (and tags what it cannot), and they then rewrite ops of at most
-    6 dims only, so no op is handled by both. A float16 GELU is rewritten with them. The layout passes run
-    over what all the others left; last, a float16 op's number operands become float16 constants (the
-    forms above write numbers too).
+    6 dims only, so no op is handled by both. A float16 GELU, SiLU or hardsigmoid is rewritten with them
+    (``xnnguard.rewrite.half``). The layout passes run over what all the others left; last, a float16
+    op's number operands become float16 constants (the forms above write numbers too).
     """
     return [
         *fold.passes(),
@@ -63,6 +63,7 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
         *norm_passes(),
         *reduce_passes(),
         RewriteHalfGeluPass(),
+        RewriteHalfActivationsPass(),
         *layout.passes(),
         ScalarOperandsPass(),
     ]
