@@ -4,7 +4,7 @@ XNNPACK's float16 kernels are what float16 is exported for (ARM phones). In floa
 activation rewrites did not fire and ExecuTorch turned number operands into conversions, so three small
 networks that are one delegate in float32 split: each is lowered here in float16 through xnnguard's flow
 (``testbed.flow.lower_and_run(..., "fp16")``), run with the real runtime and compared with eager float16
-(``testbed.tolerance.HALF_RTOL``). The zoo networks follow, in the ``network`` tier.
+(``testbed.tolerance.fp16_tolerance``). The zoo networks follow, in the ``network`` tier.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import xnnguard
 from testbed.flow import lower_and_run, rewritten
 from testbed.int8_reference import Int8, int8_against_the_original, steps_allowed
 from testbed.lowered import lower, run_pte
-from testbed.tolerance import half_tolerance
+from testbed.tolerance import fp16_tolerance
 from tests.support import ops
 from xnnguard.report import Rule
 from xnnguard.rewrite.dtypes import HALF_MAX_STAGE
@@ -308,7 +308,7 @@ def test_every_reduction_in_float16_lowers_fully_to_xnnpack_and_matches_eager_fl
     run = lower_and_run(Each(models), inputs, "fp16")
     assert run.lowered.outside_ops() == {} and run.lowered.num_delegates == 1, run.lowered.outside_ops()
     for name, out, reference in zip(E2E, run.outputs, run.references):
-        torch.testing.assert_close(out, reference, atol=half_tolerance(reference), rtol=0, msg=name)
+        torch.testing.assert_close(out, reference, atol=fp16_tolerance(reference), rtol=0, msg=name)
 
 
 def test_a_float16_mean_of_large_values_never_overflows_in_its_partial_sums() -> None:
