@@ -33,9 +33,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.macs import gflops
 from benchmarks.peer_runtimes import FLOAT_RUNTIMES, LABELS, PEERS, RUNTIMES, first_error_line
 from benchmarks.timing import REPO, TURN_S, run_in_fresh_process, turn_order
+from testbed.macs import gflops
 
 ROUNDS = 3
 CONVERT_TIMEOUT_S = 3600
@@ -358,8 +358,8 @@ def run(names: list[str], size: str, runtimes: tuple[str, ...], threads: int, ro
         litert: str | None, directory: Path, done: Callable[[list[Row]], None] = lambda rows: None,
         reuse: bool = False, peak: bool = True) -> tuple[list[Row], dict[str, dict[str, Any]]]:
     """Convert and time every network, then the machine's peak; ``done`` sees the rows after each network."""
-    from testbed.macs import count_macs
     from benchmarks.peak_gemm import measure
+    from testbed.macs import count_macs
 
     rows = []
     for name in names:
