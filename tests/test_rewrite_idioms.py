@@ -4,7 +4,8 @@ nothing outside XNNPACK, and the numbers of eager PyTorch (float) or the convert
 Each idiom split real networks into several delegates (issue 32): Hugging Face's padding masks built from
 the input's shape, ``F.normalize``'s ``expand_as`` (Wan's RMS norm), gathers by computed indices (an
 upsampling to a skip connection's size), a channel softmax, a one-tensor ``cat``, ``contiguous()`` after a
-window partition, an integer scalar, a window merge or a patchify at the graph's edge.
+window partition, an integer scalar, a window merge or a patchify at the graph's edge. A softmax of a conv's
+output computed wrong numbers (ExecuTorch held it channels-last and normalized over the channels).
 """
 
 from __future__ import annotations
@@ -121,6 +122,19 @@ class ChannelSoftmax(nn.Module):
         return self.conv(torch.softmax(x, dim=1)) * torch.log_softmax(x, dim=3).mean()
 
 
+class SoftmaxAfterConv(nn.Module):
+    """Softmaxes of a conv's output: over the width (a spatial-softmax keypoint head), over the channels (a
+    segmentation head) and a log-softmax over the width; ExecuTorch holds a conv's output channels-last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = self.conv(x)
+        return torch.softmax(y, dim=3), torch.softmax(y, dim=1), torch.log_softmax(y, dim=-1)
+
+
 class OneTensorCat(nn.Module):
     """``torch.cat`` of a list that holds one tensor (a loop over one scale), and integer scalars."""
 
@@ -176,6 +190,7 @@ IDIOMS: dict[str, tuple[Callable[[], nn.Module], tuple[tuple[int, ...], ...]]] =
     "first frame expanded into a cat": (FirstFrameRepeated, ((1, 4, 4, 8, 8),)),
     "upsampling by computed indices": (IndexedUpsample, ((1, 4, 3, 4), (1, 4, 7, 9))),
     "softmax over the channels": (ChannelSoftmax, ((1, 4, 6, 6),)),
+    "softmax of a conv's output": (SoftmaxAfterConv, ((1, 4, 5, 7),)),
     "cat of one tensor, integer scalars": (OneTensorCat, ((2, 4, 5),)),
     "patchify of the graph input": (PatchifyInput, ((1, 4, 4, 4, 3),)),
     "window merge at the graph output": (WindowMergeOutput, ((8, 8, 4),)),

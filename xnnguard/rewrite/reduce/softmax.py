@@ -1,14 +1,19 @@
 """Softmax over any dim, and log-softmax, in the forms XNNPACK runs.
 
-Invariant established: no ``softmax`` over a dim that is not the last, and no float32 ``log_softmax``,
-is left on a tensor within XNNPACK's rank limit. ExecuTorch 1.5.1's ``SoftmaxConfig`` takes the last dim
-only ("dim must be the last dim"), and no config takes ``log_softmax``: a channel softmax (a segmentation
-head, a spatial attention over dim 1) and every log-softmax ran on portable kernels between delegates.
+Invariant established: no ``softmax`` over a dim that is not the last, no float32 ``log_softmax``, and no
+4-D softmax on a tensor ExecuTorch may hold channels-last is left on a tensor within XNNPACK's rank
+limit. ExecuTorch 1.5.1's ``SoftmaxConfig`` takes the last dim only ("dim must be the last dim"), and no
+config takes ``log_softmax``: a channel softmax (a segmentation head, a spatial attention over dim 1) and
+every log-softmax ran on portable kernels between delegates. And its channels-last pass takes softmax
+for layout-agnostic: after a conv, a softmax over the width normalized over the channels, without a word
+(``xnnguard.graph.channels_last``).
 
 The forms:
 
 * softmax over dim ``d`` is the softmax over the last dim of the tensor with ``d`` moved last, moved
   back: two transposes around the op XNNPACK takes;
+* a 4-D softmax (over the last dim, or moved there) of a tensor that may be channels-last runs on the 3-D
+  view that merges dims 1 and 2: a view is laid out NCHW, so the pass converts the tensor back first;
 * ``log_softmax(x, d)`` is ``s - log(sum(exp(s), d))`` with ``s = x - amax(x, d)``, both reductions keeping
   ``d``: PyTorch's own CPU kernel computes these steps; the reduction rewrites of this family run after
   this pass and put the ``amax`` and the ``sum`` in their XNNPACK forms.
@@ -24,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from xnnguard.graph.args import int_arg
+from xnnguard.graph.channels_last import may_be_channels_last
 from xnnguard.graph.shapes import tensor_value
 from xnnguard.report import Rule
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
@@ -31,7 +37,7 @@ from xnnguard.rewrite.rank.base import high_rank
 from xnnguard.rewrite.views.base import replace_by
 from xnnguard.rules.tagged import tag_of
 
-__all__ = ["SoftmaxAnyDimPass", "log_softmax_form", "softmax_over"]
+__all__ = ["SoftmaxAnyDimPass", "log_softmax_form", "softmax_over", "softmax_over_rows"]
 
 _aten = torch.ops.aten
 _SOFTMAX = {_aten.softmax.int, _aten._softmax.default}
@@ -42,6 +48,14 @@ def softmax_over(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Softmax over ``dim`` as a softmax over the last dim between two transposes."""
     last = x.dim() - 1
     return torch.softmax(x.movedim(dim, last), last).movedim(last, dim)
+
+
+def softmax_over_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Softmax of 4-D ``x`` over ``dim`` as the softmax over the last dim of a 3-D view, which ExecuTorch
+    lays out NCHW whatever layout ``x`` has (dims 1 and 2 merge; the batch stays free to be dynamic)."""
+    moved = x.movedim(dim, 3) if dim != 3 else x
+    rows = torch.softmax(moved.flatten(1, 2), 2).unflatten(1, moved.shape[1:3])
+    return rows.movedim(3, dim) if dim != 3 else rows
 
 
 def log_softmax_form(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -73,7 +87,12 @@ class SoftmaxAnyDimPass(NodeRewritePass):
         if value is None or value.dim() == 0 or high_rank(node):
             return False
         last = int_arg(node.args[1]) % value.dim() == value.dim() - 1
-        return node.target in _LOG_SOFTMAX or not last
+        return node.target in _LOG_SOFTMAX or not last or self._may_misplace(node)
+
+    @staticmethod
+    def _may_misplace(node: torch.fx.Node) -> bool:
+        x = node.args[0]
+        return tensor_value(x).dim() == 4 and isinstance(x, torch.fx.Node) and may_be_channels_last(x)  # type: ignore[union-attr]
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         x = node.args[0]
@@ -86,6 +105,6 @@ class SoftmaxAnyDimPass(NodeRewritePass):
         logarithm = node.target in _LOG_SOFTMAX
         if logarithm and dtype != torch.float32:
             return f"a {dtype} log-softmax (its sum would accumulate in {dtype}, PyTorch's in float32)"
-        form = log_softmax_form if logarithm else softmax_over
+        form = log_softmax_form if logarithm else softmax_over_rows if self._may_misplace(node) else softmax_over
         replace_by(graph_module, node, lambda v: form(v.to(dtype), dim), [x])
         return None
