@@ -368,6 +368,17 @@ def test_a_native_layer_norm_whose_mean_is_used_is_left_and_reported() -> None:
     assert record.rule is Rule.NOT_REWRITTEN and "mean or inverse standard deviation" in record.reason
 
 
+@pytest.mark.parametrize("precision", ["float", "fp16"])
+def test_a_group_norm_of_one_element_groups_is_its_bias_on_xnnpack(precision: str) -> None:
+    """Fuzz seed 57: a window partition to (N, 50, 1) and a GroupNorm(50, 50); each group its own mean."""
+    torch.manual_seed(0)
+    norm = nn.GroupNorm(6, 6).eval()
+    nn.init.uniform_(norm.bias, -0.5, 0.5)
+    run = lower_and_run(norm, torch.randn(3, 6, 1), precision)
+    assert run.lowered.num_delegates == 1 and not run.lowered.outside_ops(), run.lowered.outside_ops()
+    assert torch.equal(run.out, (norm.bias.detach().view(1, 6, 1) * torch.ones(3, 1, 1)).to(run.out.dtype))
+
+
 def test_a_group_norm_with_dynamic_channels_positions_is_left_and_reported() -> None:
     model = nn.GroupNorm(2, 4).eval()
     ep = torch.export.export(model, (torch.randn(1, 4, 6),), dynamic_shapes=({2: Dim("length", max=64)},))

@@ -55,8 +55,10 @@ def group_norm_form(
     if groups <= 0 or channels % groups:
         return f"{channels} channels do not split into {groups} groups"
     per_group = channels // groups
-    if per_group * math.prod(positions) <= 1:
-        return "it normalizes groups of one element (or none)"
+    if per_group * math.prod(positions) == 0:
+        return "it normalizes groups of no element"
+    if per_group * math.prod(positions) == 1:
+        return _bias_form(graph_module, x, channels, len(positions), bias)
     split = 1 < groups < channels
     if split and exceeds_rank_limit(len(shape) + 1):
         return f"its channels split into groups make {len(shape) + 1} dims"
@@ -93,6 +95,22 @@ def group_norm_form(
 
     operands: list[Operand] = [x, eps_constant(float(eps), dtype), scale, shift, *averages]
     return group_norm, operands
+
+
+def _bias_form(graph_module: torch.fx.GraphModule, x: torch.fx.Node, channels: int, spatial: int,
+               bias: object) -> Form:
+    """A group of one element is its own mean: eager computes ``(x - x) * rstd * weight + bias``, exactly
+    the bias (NaN where ``x`` is not finite). ``x * 0 + bias`` is that, where the portable kernel's mean,
+    summed in another way, left a residue that ``rstd = 1/sqrt(eps)`` magnified (3e-5 at eps 1e-5)."""
+    affine_shape = [channels, *[1] * spatial]
+    shift = affine_operand(graph_module, bias, affine_shape)
+    if shift is None:
+        shift = torch.zeros(affine_shape, dtype=dtype_of(x))
+
+    def bias_only(x_: torch.Tensor, bias_: torch.Tensor) -> torch.Tensor:
+        return x_ * 0 + shaped(bias_, affine_shape)
+
+    return bias_only, [x, shift]
 
 
 class RewriteGroupNormPass(NormRewritePass):
