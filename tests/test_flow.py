@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from testbed.flow import FlowError, lower_and_run
-from testbed.tolerance import FP16_RTOL, FP16_SLACK, fp16_tolerance
+from testbed.tolerance import FLOAT_RTOL, FLOAT_SLACK, FP16_RTOL, FP16_SLACK, float_tolerance, fp16_tolerance
 
 
 class ConvHead(nn.Module):
@@ -45,6 +45,29 @@ def test_the_fp16_tolerance_grows_with_how_far_fp16_moves_the_model() -> None:
     reference = torch.tensor([1.0, 0.0], dtype=torch.float16)
     float_reference = torch.tensor([1.0, 0.125])
     assert fp16_tolerance(reference, float_reference) == FP16_SLACK * 0.125
+
+
+def test_the_float_tolerance_is_a_relative_1e5_of_the_output_scale_at_least() -> None:
+    reference = torch.tensor([4.0, -2.0])
+    assert float_tolerance(reference, reference.double()) == FLOAT_RTOL * 4.0
+
+
+def test_the_float_tolerance_grows_with_how_far_float32_eager_is_from_float64() -> None:
+    reference = torch.tensor([1.0, 0.5])
+    exact = torch.tensor([1.0, 0.5 + 2**-10], dtype=torch.float64)
+    assert float_tolerance(reference, exact) == FLOAT_SLACK * 2**-10
+
+
+def test_a_float_program_of_an_ill_conditioned_op_matches_within_eagers_own_rounding() -> None:
+    """A group norm of one element per group is its bias; eager float32 misses it by its rounding times
+    ``1/sqrt(eps)`` (about 3e-5, above ``FLOAT_RTOL``): the program is held to the float64 model's bound."""
+    torch.manual_seed(0)
+    norm = nn.GroupNorm(8, 8).eval()
+    nn.init.uniform_(norm.bias, -0.5, 0.5)
+    x = torch.randn(2, 8, 1) * 4
+    run = lower_and_run(norm, x, "float")
+    assert run.tolerance > FLOAT_RTOL
+    run.assert_matches()
 
 
 def test_an_fp16_program_computing_the_wrong_thing_does_not_match() -> None:
