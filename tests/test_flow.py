@@ -7,7 +7,15 @@ import torch
 from torch import nn
 
 from testbed.flow import FlowError, lower_and_run
-from testbed.tolerance import FLOAT_RTOL, FLOAT_SLACK, FP16_RTOL, FP16_SLACK, float_tolerance, fp16_tolerance
+from testbed.tolerance import (
+    FLOAT_RTOL,
+    FLOAT_SLACK,
+    FP16_RTOL,
+    FP16_SLACK,
+    MAX_ERR_SLACK,
+    float_tolerance,
+    fp16_tolerance,
+)
 
 
 class ConvHead(nn.Module):
@@ -67,6 +75,39 @@ def test_a_float_program_of_an_ill_conditioned_op_matches_within_eagers_own_roun
     x = torch.randn(2, 8, 1) * 4
     run = lower_and_run(norm, x, "float")
     assert run.tolerance > FLOAT_RTOL
+    run.assert_matches()
+
+
+class AmaxRmsNorm(nn.Module):
+    """Fuzz seed 52: a transposed Conv3d, frames folded into the batch, an amax, an RMS norm over 13 values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose3d(4, 7, kernel_size=(2, 3, 3), stride=(1, 2, 1), padding=(0, 2, 1))
+        self.bn = nn.BatchNorm3d(7)
+        nn.init.uniform_(self.bn.weight, 0.5, 1.5)
+        nn.init.uniform_(self.bn.bias, -0.5, 0.5)
+        nn.init.uniform_(self.bn.running_mean, -0.5, 0.5)
+        nn.init.uniform_(self.bn.running_var, 0.5, 2.0)
+        self.norm = nn.RMSNorm(13, eps=1e-6)
+        nn.init.uniform_(self.norm.weight, 0.5, 1.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv(x))).permute(0, 2, 1, 3, 4).reshape(-1, 7, 13, 2)
+        return self.norm(y.amax(dim=3))
+
+
+def test_a_dynamic_int8_program_as_close_to_float_as_its_reference_matches_it() -> None:
+    """The RMS norm magnifies each side's activation rounding: program and reference land on opposite sides
+    of float at one element, each within the dynamic rule's distance of it."""
+    torch.manual_seed(52)
+    model = AmaxRmsNorm().eval()
+    x = torch.randn(2, 4, 3, 8, 2, generator=torch.Generator().manual_seed(52))
+    run = lower_and_run(model, x, "dynamic int8")
+    with torch.no_grad():
+        float_out = model(x)
+    program, reference = (float((t - float_out).abs().max()) for t in (run.out, run.reference))
+    assert program <= MAX_ERR_SLACK * reference
     run.assert_matches()
 
 
