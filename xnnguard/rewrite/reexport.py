@@ -84,11 +84,43 @@ def dynamic_shapes(ep: ExportedProgram, module: torch.nn.Module) -> dict[str, ob
     return dict(bound.arguments)
 
 
+def _as_hints(shapes: dict[str, object]) -> dict[str, Any]:
+    """``shapes`` with each ``Dim`` replaced by ``Dim.DYNAMIC`` over the same range: export then derives the
+    relations between sizes itself (``Dim.AUTO``'s, or those a rewrite's views add) instead of refusing
+    a named dim that one of its guards narrows."""
+
+    def hint(spec: object) -> object:
+        if isinstance(spec, dict):
+            return {dim: hint(value) for dim, value in spec.items()}
+        if isinstance(spec, (list, tuple)):
+            return type(spec)(hint(value) for value in spec)
+        if isinstance(spec, Dim):
+            upper = spec.max if isinstance(spec.max, int) and spec.max < int_oo else None
+            return Dim.DYNAMIC(min=spec.min, max=upper)
+        return spec
+
+    return {name: hint(spec) for name, spec in shapes.items()}
+
+
 def export_again(module: torch.nn.Module, ep: ExportedProgram) -> ExportedProgram:
-    """``module`` (rewritten from ``ep.module()``) exported with ``ep``'s example inputs and dynamic dims."""
+    """``module`` (rewritten from ``ep.module()``) exported with ``ep``'s example inputs and dynamic dims.
+
+    The dims are named ``Dim``s over ``ep``'s ranges, so that equal dims stay one symbol. A program exported
+    with ``Dim.AUTO`` carries relations the named dims do not say (a stride-2 conv's ``(s - 1) // 2 + 1 != 1``),
+    and the 2-D forms of a dynamic depth add guards of their own; when export refuses the named dims for
+    that, the same ranges are given again as hints it may refine.
+    """
     args, kwargs = example_inputs(ep)
     shapes = dynamic_shapes(ep, module)
     try:
         return torch.export.export(module, args, kwargs, dynamic_shapes=shapes, strict=False)
     except Exception as error:  # export's errors are many; say which step failed, keep the cause
-        raise RewriteError(f"the rewritten program could not be exported again: {error}") from error
+        if shapes is None or "Constraints violated" not in str(error):
+            raise RewriteError(f"the rewritten program could not be exported again: {error}") from error
+        first = error
+    try:
+        return torch.export.export(module, args, kwargs, dynamic_shapes=_as_hints(shapes), strict=False)
+    except Exception as error:
+        raise RewriteError(
+            f"the rewritten program could not be exported again: {first}; with hints: {error}"
+        ) from error
