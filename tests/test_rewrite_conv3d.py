@@ -252,19 +252,19 @@ def test_without_the_rewrite_stock_1_5_1_cannot_run_the_r3d_block() -> None:
         run_pte(program.buffer, (x,))
 
 
-def test_a_conv_with_a_dynamic_depth_is_left_tagged_and_reported() -> None:
+def test_a_conv_with_a_dynamic_height_is_left_tagged_and_reported() -> None:
     conv = torch.nn.Conv3d(3, 4, 3).eval()
     x = torch.randn(1, 3, 8, 8, 8)
-    ep = torch.export.export(conv, (x,), dynamic_shapes=({2: torch.export.Dim("depth", min=4, max=64)},))
+    ep = torch.export.export(conv, (x,), dynamic_shapes=({3: torch.export.Dim("height", min=4, max=64)},))
     rewriter = XnnpackRewriter(strict=True)
     result = rewriter(ep)
     (record,) = rewriter.report
     assert record.rule is Rule.CONV3D and "dynamic shape" in record.reason
     (conv_node,) = [n for n in result.graph.nodes if n.name == record.node]
     assert conv_node.meta[DO_NOT_DELEGATE] == record.reason
-    longer = torch.randn(1, 3, 11, 8, 8)
+    taller = torch.randn(1, 3, 8, 11, 8)
     with torch.no_grad():
-        torch.testing.assert_close(result.module()(longer), conv(longer))
+        torch.testing.assert_close(result.module()(taller), conv(taller))
 
 
 PATCHES = ({0: torch.export.Dim("patches", min=2, max=1024)},)
@@ -323,15 +323,15 @@ def test_a_video_model_exported_with_a_dynamic_batch_is_rewritten_and_runs_at_an
         torch.testing.assert_close(run_pte(program.buffer, (other,))[0], model(other), atol=1e-5, rtol=1e-5)
 
 
-def test_a_conv_with_a_dynamic_depth_is_left_reported_and_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_conv_with_a_dynamic_width_is_left_reported_and_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     conv = torch.nn.Conv3d(3, 4, 3, padding=1).eval()
-    depth = torch.export.Dim("depth", min=2, max=64)
-    ep = torch.export.export(conv, (torch.randn(1, 3, 4, 6, 6),), dynamic_shapes=({2: depth},))
+    width = torch.export.Dim("width", min=2, max=64)
+    ep = torch.export.export(conv, (torch.randn(1, 3, 4, 6, 6),), dynamic_shapes=({4: width},))
     rewriter = XnnpackRewriter(strict=True)
     with caplog.at_level("WARNING", logger="xnnguard"):
         rewriter(ep)
     (record,) = rewriter.report
-    assert record.rule is Rule.CONV3D and "static depth, height and width" in record.reason
+    assert record.rule is Rule.CONV3D and "static channels, height and width" in record.reason
     assert any("fails when it runs" in message for message in caplog.messages)
 
 

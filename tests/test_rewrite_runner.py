@@ -245,7 +245,7 @@ def test_a_tag_pass_that_tags_nothing_breaks_its_postcondition(tag_pass: type[Pa
 
 
 class EveryRewriteLeavesOne(torch.nn.Module):
-    """A Conv3d with a dynamic depth, a 3-D max pool whose indices are used, an op on the graph's 8-D input."""
+    """A Conv3d with a dynamic height, a 3-D max pool whose indices are used, an op on the graph's 8-D input."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -258,7 +258,7 @@ class EveryRewriteLeavesOne(torch.nn.Module):
 
 def test_the_rewriter_keeps_the_report_of_every_pass_it_runs() -> None:
     inputs = (torch.randn(1, 2, 4, 3, 3), torch.randn(1, 2, 4, 4, 4), torch.randn(*EIGHT_D))
-    ep = torch.export.export(EveryRewriteLeavesOne().eval(), inputs, dynamic_shapes=({2: Dim("depth")}, None, None))
+    ep = torch.export.export(EveryRewriteLeavesOne().eval(), inputs, dynamic_shapes=({3: Dim("height")}, None, None))
     rewriter = XnnpackRewriter(strict=True)
     rewriter(ep)
     assert {record.rule for record in rewriter.report} == {Rule.CONV3D, Rule.HIGH_RANK, Rule.NOT_REWRITTEN}

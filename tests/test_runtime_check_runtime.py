@@ -73,7 +73,7 @@ def test_a_missing_kernel_load_failure_carries_the_runtimes_log_lines() -> None:
 
 
 @cache
-def _conv3d_with_dynamic_depth() -> bytes:
+def _conv3d_with_dynamic_height() -> bytes:
     """A Conv3d exported with a dynamic frame count: xnnguard's rewrite declines it, the partitioner keeps it out."""
     import torch
     from torch.export import Dim
@@ -82,7 +82,7 @@ def _conv3d_with_dynamic_depth() -> bytes:
     from xnnguard.example_models import Conv3dReLU
 
     x = (torch.randn(1, 3, 4, 6, 6),)
-    ep = torch.export.export(Conv3dReLU().eval(), x, dynamic_shapes=({2: Dim("frames", min=2, max=8)},))
+    ep = torch.export.export(Conv3dReLU().eval(), x, dynamic_shapes=({3: Dim("height", min=2, max=8)},))
     rewriter = xnnguard.XnnpackRewriter()
     ep = rewriter(ep)
     assert [record.rule for record in rewriter.report] == [xnnguard.Rule.CONV3D]  # declined, and said so
@@ -90,9 +90,9 @@ def _conv3d_with_dynamic_depth() -> bytes:
 
 
 def test_the_advice_on_a_3d_convolution_the_rewrite_declined_says_what_to_change() -> None:
-    (problem,) = verify_pte(_conv3d_with_dynamic_depth()).problems
+    (problem,) = verify_pte(_conv3d_with_dynamic_height()).problems
     assert problem.kind == "unsupported_input"
-    assert "its input has a dynamic shape (at most [1, 3, 8, 6, 6])" in problem.message
+    assert "its input has a dynamic shape (at most [1, 3, 4, 8, 6])" in problem.message
     assert "export the model with static frames and resolution" in problem.message
     assert "turns a static-shape 3-D convolution" not in problem.message
 

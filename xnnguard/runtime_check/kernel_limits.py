@@ -110,8 +110,8 @@ def _advice(method: Method, call: KernelCall, dependencies: Dependencies) -> str
     if source is not None and source.dynamic:
         return (
             f"its input has a dynamic shape (at most {list(source.sizes)}), and xnnguard.rewrite_for_xnnpack "
-            "keeps only a dynamic batch (it slices and folds the frames, so depth, height and width must be "
-            "static): export the model with static frames and resolution to keep the convolution on XNNPACK"
+            "keeps one dynamic dim, the batch or the frames (height and width must be static): export the model "
+            "with static frames and resolution, or dynamic frames alone, to keep the convolution on XNNPACK"
         )
     if len(call.args) > 1 and not _from_parameters(method, call.args[1], dependencies, _metas(method)):
         return (

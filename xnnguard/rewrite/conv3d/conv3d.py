@@ -23,7 +23,9 @@ Three forms, cheapest first:
   quantization and one output rounding (frames at the borders taken apart with fewer taps would each
   get a weight of their own, quantized to other scales).
 
-Every form keeps a dynamic batch (its reshapes say -1 for it); the depth, height and width must be static.
+Every form keeps a dynamic batch (its reshapes say -1 for it). A dynamic depth (frame count), with a static
+batch, takes a fourth form, **frames as rows** (``xnnguard.rewrite.conv3d.dynamic_depth``): the frames stay
+a whole spatial dim of one conv2d, which XNNPACK sizes at run time. Height and width must be static.
 
 Padding modes other than zeros never reach this pass: export spells them as a pad op in front of a conv
 without padding. A conv2d's input is what its form computes, with no copy for quantization's sake: where
@@ -41,6 +43,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from xnnguard.rewrite.conv3d.dynamic_depth import frames_as_rows, rows_weight, taps_along
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
 from xnnguard.rewrite.conv3d.size_args import triple
 from xnnguard.rewrite.conv3d.spliced_conv import Activation, SplicedConvPass
@@ -69,6 +72,7 @@ class Conv3dGeometry:
     groups: int
     has_bias: bool = False
     dynamic_batch: bool = False  # input_shape[0] then stands in for a symbolic batch (every form keeps it)
+    dynamic_depth: bool = False  # input_shape[2] then stands in for a symbolic depth (the dynamic_depth forms)
 
     @property
     def output_shape(self) -> tuple[int, int, int, int, int]:
@@ -81,6 +85,8 @@ class Conv3dGeometry:
 
     @property
     def form(self) -> str:
+        if self.dynamic_depth:
+            return "frames as rows"
         if self._is_one_patch():
             return "one patch"
         if self._is_temporal():
@@ -117,7 +123,7 @@ class Conv3dGeometry:
 
 def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
     """The geometry of the 3-D convolution ``node``, or the reason it cannot be rewritten."""
-    arguments = conv_arguments(node, allow_dynamic_batch=True)
+    arguments = conv_arguments(node, allow_dynamic_batch=True, allow_dynamic_depth=True)
     if isinstance(arguments, str):
         return arguments
     kwargs, shapes = arguments.kwargs, (arguments.input_shape, arguments.weight_shape)
@@ -146,6 +152,7 @@ def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
         int(kwargs.get("groups", 1)),  # type: ignore[call-overload]
         kwargs.get("bias") is not None,
         arguments.dynamic_batch,
+        arguments.dynamic_depth,
     )
 
 
@@ -173,6 +180,8 @@ def conv2d_constants(
     out_c, _, _, kh, kw = weight.shape
     form = geometry.form
     with_bias = [bias.clone()] if bias is not None else []
+    if form == "frames as rows":
+        return [rows_weight(weight, taps_along(geometry.weight_shape[2:], geometry.stride)), *with_bias]
     if form == "one patch":
         return [weight.reshape(out_c, -1), *with_bias]
     if form == "temporal":
@@ -217,6 +226,10 @@ def conv3d_as_conv2d(
     def act(y: torch.Tensor) -> torch.Tensor:
         return activation(y) if activation is not None else y
 
+    if form == "frames as rows":
+        along = taps_along((kd, kh, kw), geometry.stride)
+        return act(frames_as_rows(x, next(read), bias(), (kd, kh, kw), geometry.stride, geometry.padding,
+                                  geometry.dilation, groups, along))
     if form == "one patch":  # batch-agnostic (-1): the one form that keeps a dynamic batch
         patch = x[:, :, :kd, :kh, :kw] if (d, h, w) != (kd, kh, kw) else x
         y = act(F.linear(patch.reshape(-1, c * kd * kh * kw), next(read), bias()))

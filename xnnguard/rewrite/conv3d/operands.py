@@ -23,37 +23,58 @@ Shape5 = tuple[int, int, int, int, int]
 class ConvArguments:
     """A 3-D convolution's arguments by name, with the static shapes of its input and weight.
 
-    ``dynamic_batch``: the input's batch is symbolic (``input_shape[0]`` then stands in for it as 1).
+    ``dynamic_batch``: the input's batch is symbolic (``input_shape[0]`` then stands in for it as 1);
+    ``dynamic_depth``: its depth is (``input_shape[2]`` then stands in for it as 0).
     """
 
     kwargs: dict[str, object]
     input_shape: Shape5
     weight_shape: Shape5
     dynamic_batch: bool
+    dynamic_depth: bool = False
 
 
-def conv_arguments(node: torch.fx.Node, *, allow_dynamic_batch: bool = False) -> ConvArguments | str:
-    """``node``'s arguments, normalized, and its input and weight shapes, or why they are not static."""
+def conv_arguments(
+    node: torch.fx.Node, *, allow_dynamic_batch: bool = False, allow_dynamic_depth: bool = False
+) -> ConvArguments | str:
+    """``node``'s arguments, normalized, and its input and weight shapes, or why they are not static.
+
+    A dynamic batch or (``allow_dynamic_depth``) a dynamic depth is allowed, one of them at a time: every
+    2-D form would otherwise need both inferred in one reshape, and XNNPACK infers one.
+    """
     assert callable(node.target)  # the op of a call_function node
     normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
     if normalized is None:
         return "its arguments could not be normalized"
     kwargs = normalized.kwargs
     shapes = []
-    dynamic_batch = False
+    dynamic_batch = dynamic_depth = False
     for value in (kwargs["input"], kwargs["weight"]):
         meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
         if not isinstance(meta, torch.Tensor):
             return "an input has no shape information"
         sizes = list(meta.shape)
-        if allow_dynamic_batch and value is kwargs["input"] and len(sizes) == 5 and not isinstance(sizes[0], int):
-            dynamic_batch, sizes[0] = True, 1
+        if value is kwargs["input"] and len(sizes) == 5:
+            if allow_dynamic_batch and not isinstance(sizes[0], int):
+                dynamic_batch, sizes[0] = True, 1
+            if allow_dynamic_depth and not isinstance(sizes[2], int) and all(
+                isinstance(s, int) for s in sizes[3:] + sizes[1:2]
+            ):
+                if dynamic_batch:
+                    return (
+                        f"dynamic batch and depth {tuple(meta.shape)}: every 2-D form would need both inferred "
+                        "in one reshape, and XNNPACK infers one dim"
+                    )
+                dynamic_depth, sizes[2] = True, 0
         if not all(isinstance(s, int) for s in sizes):
-            return f"dynamic shape {tuple(meta.shape)}: the depth folding needs static depth, height and width"
+            return (
+                f"dynamic shape {tuple(meta.shape)}: the 2-D forms take one dynamic dim, the batch or the depth, "
+                "with static channels, height and width"
+            )
         shapes.append(tuple(int(s) for s in sizes))
     if len(shapes[0]) != 5:
         return f"unbatched input of rank {len(shapes[0])}"
-    return ConvArguments(kwargs, shapes[0], shapes[1], dynamic_batch)  # type: ignore[arg-type]
+    return ConvArguments(kwargs, shapes[0], shapes[1], dynamic_batch, dynamic_depth)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

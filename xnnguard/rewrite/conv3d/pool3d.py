@@ -55,6 +55,12 @@ class Pool3d:
     ceil_mode: bool = False
     count_include_pad: bool = True
     divisor_override: int | None = None
+    # the depth (frames) is known only at run time: input_shape[2] then stands in for it with the depth
+    # kernel (one window), and every reshape infers it (-1); the batch is static then
+    dynamic_depth: bool = False
+    # frames of zeros padded in front of the dynamic depth and behind it, explicitly: an average that counts
+    # its padding divides by the whole window everywhere, as over zeros (``padding[0]`` is then 0)
+    zero_frames: int = 0
 
     @property
     def batched_shape(self) -> tuple[int, int, int, int, int]:
@@ -79,12 +85,24 @@ class Pool3d:
 
     def why_not(self) -> str | None:
         """Why XNNPACK could not run the 2-D stages, or None."""
+        if self.dynamic_depth:
+            reason = self._why_not_dynamic()
+            if reason is not None:
+                return reason
         if self.kind == "max":
             for dim, name in ((0, "depth"), (1, "height"), (2, "width")):
                 if self.stride[dim] > self.kernel[dim] and self.ceil_extra(dim) > 0:
                     return f"{name} stride {self.stride[dim]} > kernel {self.kernel[dim]} with a ceil_mode window"
         elif self.dilation != (1, 1, 1):
             return "dilated average pooling"
+        return None
+
+    def _why_not_dynamic(self) -> str | None:
+        if self.ceil_mode and self.stride[0] > 1:
+            return ("ceil_mode with a dynamic depth: whether the last window of frames exists depends on the "
+                    "length, and XNNPACK takes no ceil mode under dynamic shapes")
+        if any(s > k for s, k in zip(self.stride, self.kernel)):
+            return "a stride above the kernel with a dynamic depth (the windows kept would need a static count)"
         return None
 
     def _stage_is_identity(self, dims: tuple[int, ...]) -> bool:
@@ -104,10 +122,19 @@ def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
     if not isinstance(meta, torch.Tensor):
         return "its input has no shape information"
     sizes = list(meta.shape)
+    dynamic_depth = len(sizes) == 5 and not isinstance(sizes[2], int)
     if len(sizes) == 5 and not isinstance(sizes[0], int):  # a dynamic batch stays: every reshape says -1
+        if dynamic_depth:
+            return (f"dynamic batch and depth {tuple(meta.shape)}: the 2-D stages would need both inferred in "
+                    "one reshape, and XNNPACK infers one dim")
         sizes[0] = 1
+    if dynamic_depth:
+        if node.target in _ADAPTIVE_AVG_POOLS:
+            return "an adaptive pooling over a dynamic depth (its window is as long as the clip)"
+        sizes[2] = triple(kwargs["kernel_size"])[0]  # one window's frames stand for the clip
     if not all(isinstance(s, int) for s in sizes):
-        return f"dynamic shape {tuple(meta.shape)}: the frame folding needs static depth, height and width"
+        return (f"dynamic shape {tuple(meta.shape)}: the frame folding takes one dynamic dim, the batch or the "
+                "depth, with static channels, height and width")
     shape = tuple(int(s) for s in sizes)
     if node.target in _ADAPTIVE_AVG_POOLS:
         out = triple(kwargs["output_size"])
@@ -123,8 +150,14 @@ def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
         if node.target is _aten.max_pool3d_with_indices.default and indices_used:
             return "its indices are used (2-D pooling cannot give 3-D indices)"
         return Pool3d(
-            "max", shape, kernel, stride, padding, triple(kwargs.get("dilation", 1)), bool(kwargs.get("ceil_mode"))
+            "max", shape, kernel, stride, padding, triple(kwargs.get("dilation", 1)), bool(kwargs.get("ceil_mode")),
+            dynamic_depth=dynamic_depth,
         )
+    count_include_pad = bool(kwargs.get("count_include_pad", True))
+    divisor_override = kwargs.get("divisor_override")
+    zero_frames = 0
+    if dynamic_depth and padding[0] and (count_include_pad or divisor_override):
+        zero_frames, padding = padding[0], (0, padding[1], padding[2])
     return Pool3d(
         "avg",
         shape,
@@ -132,8 +165,10 @@ def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
         stride,
         padding,
         ceil_mode=bool(kwargs.get("ceil_mode", False)),
-        count_include_pad=bool(kwargs.get("count_include_pad", True)),
-        divisor_override=kwargs.get("divisor_override"),
+        count_include_pad=count_include_pad,
+        divisor_override=divisor_override,
+        dynamic_depth=dynamic_depth,
+        zero_frames=zero_frames,
     )
 
 
@@ -149,7 +184,12 @@ def _max_stage(x: torch.Tensor, pool: Pool3d, dims: tuple[int, int], out: tuple[
     dilation = tuple(pool.dilation[d] if d >= 0 else 1 for d in dims)
     pool_stride = tuple(max(t for t in range(1, k + 1) if s % t == 0) for k, s in zip(kernel, stride))
     trivial = all(k == 1 for k in kernel) and not any(padding)
-    y = x if trivial else F.max_pool2d(x, kernel, pool_stride, padding, dilation, ceil_mode=pool.ceil_mode)
+    ceil_mode = pool.ceil_mode
+    if ceil_mode and pool.dynamic_depth and not trivial:
+        # XNNPACK takes no ceil mode under dynamic shapes: the extra windows' -inf padding, explicitly
+        extra = tuple(pool.ceil_extra(d) if d > 0 else 0 for d in dims)
+        x, ceil_mode = F.pad(x, (0, extra[1], 0, extra[0]), value=float("-inf")), False
+    y = x if trivial else F.max_pool2d(x, kernel, pool_stride, padding, dilation, ceil_mode=ceil_mode)
     a, b, h, w = y.shape
     step_h, step_w = stride[0] // pool_stride[0], stride[1] // pool_stride[1]
     if step_h > 1:
@@ -176,6 +216,8 @@ def pool3d_as_2d(x: torch.Tensor, pool: Pool3d, correction: torch.Tensor | float
     For average pooling ``correction`` is ``pool3d_correction(pool)``; None computes the uncorrected
     stages (what the correction is measured against).
     """
+    if pool.dynamic_depth:
+        return _dynamic_depth_as_2d(x, pool, correction)
     _, c, d, h, w = pool.batched_shape  # the batch stays as the graph has it: -1 in every reshape
     do, ho, wo = (pool.output_size(dim) for dim in range(3))
     y = x.reshape(-1, c * d, h, w)
@@ -190,17 +232,37 @@ def pool3d_as_2d(x: torch.Tensor, pool: Pool3d, correction: torch.Tensor | float
     return y * correction
 
 
+def _dynamic_depth_as_2d(x: torch.Tensor, pool: Pool3d, correction: torch.Tensor | float | None) -> torch.Tensor:
+    """``pool3d_as_2d`` for a dynamic depth: the frames go to the batch for the (H, W) stage, then to the
+    rows of a (kd, 1) stage; every reshape infers the depth (the batch is static) and no slice cuts it."""
+    n, c, _, h, w = pool.batched_shape
+    ho, wo = pool.output_size(1), pool.output_size(2)
+    if pool.zero_frames:
+        x = F.pad(x, (0, 0, 0, 0, pool.zero_frames, pool.zero_frames))
+    y = x.transpose(1, 2).reshape(-1, c, h, w)  # (N*D, C, H, W)
+    if not pool._stage_is_identity((1, 2)):
+        y = _max_stage(y, pool, (1, 2), (ho, wo)) if pool.kind == "max" else _avg_stage(y, pool, (1, 2))
+    y = y.reshape(n, -1, c, ho * wo).transpose(1, 2)  # (N, C, D, Ho*Wo)
+    if not pool._stage_is_identity((0,)):
+        y = _max_stage(y, pool, (0, -1), (0, ho * wo)) if pool.kind == "max" else _avg_stage(y, pool, (0, -1))
+    y = y.reshape(n, c, -1, ho, wo)
+    return y if correction is None else y * correction
+
+
 def pool3d_correction(pool: Pool3d) -> torch.Tensor | float | None:
     """What multiplies the average stages into PyTorch's ``avg_pool3d``: None (nothing), a number or a map."""
     if pool.kind != "avg":
         return None
     _, _, d, h, w = pool.batched_shape
     ones = torch.ones(1, 1, d, h, w, dtype=torch.float64)
+    framed = F.pad(ones, (0, 0, 0, 0, pool.zero_frames, pool.zero_frames)) if pool.zero_frames else ones
     reference = F.avg_pool3d(
-        ones, pool.kernel, pool.stride, pool.padding, pool.ceil_mode, pool.count_include_pad, pool.divisor_override
+        framed, pool.kernel, pool.stride, pool.padding, pool.ceil_mode, pool.count_include_pad, pool.divisor_override
     )
     stages = pool3d_as_2d(ones, replace(pool, input_shape=(1, 1, d, h, w)))
     ratio = (reference / stages).reshape(reference.shape[2:])  # (Do, Ho, Wo): broadcasts, batched or not
+    if pool.dynamic_depth:  # equal along the frames (why_not): one row broadcasts over any length
+        ratio = ratio[:1]
     if torch.allclose(ratio, torch.ones_like(ratio), rtol=0, atol=1e-12):
         return None
     if torch.allclose(ratio, ratio.flatten()[0].expand_as(ratio), rtol=0, atol=1e-12):
@@ -220,7 +282,8 @@ class RewritePool3dPass(NodeRewritePass):
     pieces_stay_float = True  # the XNNPACK quantizer leaves a 3-D pooling float: so are its 2-D stages
     left_op_fails = (
         "ExecuTorch 1.5.1 has no kernel for a 3-D pooling: the program fails to load; export it with static "
-        "depth, height and width (a dynamic batch is fine) and do not use the indices of a max pooling"
+        "height and width and one dynamic dim at most, the batch or the frames, and do not use the indices "
+        "of a max pooling"
     )
 
     def picks(self, node: torch.fx.Node) -> bool:

@@ -43,7 +43,8 @@ class SplicedConvPass(NodeRewritePass, Generic[Geometry]):
     rule = Rule.CONV3D
     left_op_fails = (
         "ExecuTorch 1.5.1 has no kernel for a 3-D convolution (XNNPACK none, the portable one 1-D and 2-D only): "
-        "the program fails when it runs; export it with static depth, height and width (a dynamic batch is fine)"
+        "the program fails when it runs; export it with static height and width and one dynamic dim at most, "
+        "the batch or the frames"
     )
 
     def picks(self, node: torch.fx.Node) -> bool:

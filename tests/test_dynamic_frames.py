@@ -1,0 +1,102 @@
+"""A dynamic frame count (issue 33): one program for every clip length, one delegate, eager's numbers.
+
+Each model is exported with ``Dim("frames", min=4, max=32)`` on its input's depth, rewritten, lowered with
+xnnguard's partitioner, loaded with the real runtime and run at the range's bounds and at an odd length
+that divides no stride, against eager PyTorch at the same length.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import xnnguard
+from testbed.lowered import lower, run_pte
+from testbed.tolerance import float_tolerance
+
+FRAMES = torch.export.Dim("frames", min=4, max=32)
+LENGTHS = (4, 7, 32)
+
+
+class CausalConv(nn.Module):
+    """A causal video VAE's conv (Wan, LTX): two frames of padding in front, none behind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(3, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (1, 1, 1, 1, 2, 0)))
+
+
+class Stem(nn.Module):
+    """R3D's stem: Conv3d, BatchNorm3d, ReLU, MaxPool3d (the issue's example)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.pool = nn.Conv3d(3, 8, 3, padding=1), nn.BatchNorm3d(8), nn.MaxPool3d(3, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(torch.relu(self.bn(self.conv(x))))
+
+
+MODELS = {
+    "conv 3x3x3, padding 1": lambda: nn.Conv3d(3, 8, 3, padding=1),
+    "conv 3x7x7, stride (1, 2, 2)": lambda: nn.Conv3d(3, 8, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False),
+    "conv 3x3x3, stride 2": lambda: nn.Conv3d(3, 8, 3, stride=2, padding=1),
+    "conv 1x3x3 (R(2+1)D spatial)": lambda: nn.Conv3d(3, 8, (1, 3, 3), padding=(0, 1, 1)),
+    "conv 3x1x1 (R(2+1)D temporal)": lambda: nn.Conv3d(3, 8, (3, 1, 1), padding=(1, 0, 0)),
+    "conv grouped, dilated in depth": lambda: nn.Conv3d(
+        4, 8, (3, 1, 3), padding=(2, 0, 1), dilation=(2, 1, 1), groups=2
+    ),
+    "conv 2x2x2, stride 2": lambda: nn.Conv3d(3, 8, 2, stride=2),
+    "causal conv": CausalConv,
+    "max pool 3, stride 2, padding 1": lambda: nn.MaxPool3d(3, 2, 1),
+    "max pool 1x3x3, ceil mode": lambda: nn.MaxPool3d((1, 3, 3), (1, 2, 2), ceil_mode=True),
+    "avg pool 2": lambda: nn.AvgPool3d(2),
+    "avg pool 3, padding 1, counting it": lambda: nn.AvgPool3d(3, 1, 1),
+    "avg pool 1x3x3, ceil mode": lambda: nn.AvgPool3d((1, 3, 3), (1, 2, 2), (0, 1, 1), ceil_mode=True),
+    "stem: conv, batch norm, relu, max pool": Stem,
+}
+
+
+# the default tier runs one of each family; the rest of the forms run in the slow tier
+QUICK = (
+    "conv 3x3x3, stride 2",
+    "causal conv",
+    "avg pool 3, padding 1, counting it",
+    "stem: conv, batch norm, relu, max pool",
+)
+
+
+@pytest.mark.parametrize(
+    "name", [name if name in QUICK else pytest.param(name, marks=pytest.mark.slow) for name in MODELS]
+)
+def test_a_video_op_with_dynamic_frames_runs_in_one_delegate_at_every_length(name: str) -> None:
+    torch.manual_seed(0)
+    model = MODELS[name]().eval()
+    channels = 4 if "grouped" in name else 3
+    example = torch.randn(1, channels, 8, 12, 10)
+    exported = torch.export.export(model, (example,), dynamic_shapes=({2: FRAMES},))
+    rewriter = xnnguard.XnnpackRewriter()
+    lowered = lower(rewriter(exported), (example,), xnnguard.XnnpackPartitioner())
+    assert not rewriter.report, [str(record) for record in rewriter.report]
+    assert lowered.num_delegates == 1 and not lowered.outside_ops(), lowered.outside_ops()
+    for frames in LENGTHS:
+        x = torch.randn(1, channels, frames, 12, 10)
+        with torch.no_grad():
+            expected = model(x)
+        (out,) = run_pte(lowered.buffer, (x,))
+        torch.testing.assert_close(out, expected, atol=float_tolerance(expected), rtol=0, msg=f"{frames} frames")
+
+
+def test_a_conv_with_dynamic_batch_and_frames_is_left_and_says_why() -> None:
+    """Both in one XNNPACK reshape cannot be inferred: the conv stays as it was, with that reason."""
+    model = nn.Conv3d(3, 8, 3, padding=1).eval()
+    batch = torch.export.Dim("batch", min=1, max=4)
+    exported = torch.export.export(model, (torch.randn(2, 3, 8, 6, 6),), dynamic_shapes=({0: batch, 2: FRAMES},))
+    rewriter = xnnguard.XnnpackRewriter()
+    rewriter(exported)
+    assert any("dynamic batch and depth" in str(record) for record in rewriter.report), rewriter.report

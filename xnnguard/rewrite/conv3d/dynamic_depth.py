@@ -1,0 +1,113 @@
+"""A 3-D convolution whose depth (frame count) is known only at run time, as one conv2d XNNPACK reshapes.
+
+XNNPACK sizes every operator at run time from its input: a conv2d takes any height, a reshape infers one
+dim written -1, a slice along a static dim of a tensor with a dynamic one is clamped to the run's sizes
+(``xnnguard.partition.symbolic_slice``). What it cannot do is a slice along the dynamic dim, a reshape with
+two unknown dims, or a 3-D convolution at all. So the frames must stay a whole dim of every tensor and
+become a *spatial* dim of a conv2d, never cut and never merged with another unknown (a dynamic batch with a
+dynamic depth is left: every form below would need two dims inferred in one reshape).
+
+The form, **frames as rows**: the taps along W (or along H, whichever kernel is smaller) are stacked as
+channels, W's output positions go to the batch, and (D, H) is the conv2d's plane:
+``(N, C, D, H, W) -> (N*Wo, kw*C, D, H)``, one conv2d with a (kd, kh) kernel over it, and back. The depth
+padding (``padding``, or front-only as a causal conv pads) and the depth stride and dilation are the
+conv2d's own. It costs ``kw`` copies of the input (``kh`` when taking the taps along H). Folding the
+frames into the batch instead (for a (1, kh, kw) kernel) would be cheaper, but export's fake convolution
+then guards the folded batch below 16 (its backend choice), which narrows the program's range of lengths.
+
+Why it is exact: the sum a 3-D convolution makes for an output element is the same sum, over the same
+products, regrouped: the W taps are input channels of the conv2d (channel order (group, tap, channel),
+as the weight is laid out here), the (D, H) window its kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["TapsAlong", "frames_as_rows", "rows_weight", "taps_along"]
+
+TapsAlong = Literal["h", "w"]
+
+
+def taps_along(kernel: tuple[int, int, int], stride: tuple[int, int, int]) -> TapsAlong:
+    """Which spatial dim's taps become channels: the one with fewer (then the one with stride 1)."""
+    _, kh, kw = kernel
+    if kh != kw:
+        return "h" if kh < kw else "w"
+    return "h" if stride[1] == 1 and stride[2] != 1 else "w"
+
+
+def rows_weight(weight: torch.Tensor, along: TapsAlong) -> torch.Tensor:
+    """The conv2d weight of ``frames_as_rows``: (O, C/g, kd, kh, kw) -> (O, k*C/g, kd, k'), channels (tap, C).
+
+    ``k`` is the kernel along ``along`` (its taps become channels), ``k'`` the other spatial kernel.
+    """
+    out_c, c_g, kd, kh, kw = weight.shape
+    if along == "w":
+        return weight.permute(0, 4, 1, 2, 3).reshape(out_c, kw * c_g, kd, kh)
+    return weight.permute(0, 3, 1, 2, 4).reshape(out_c, kh * c_g, kd, kw)
+
+
+def _taps(z: torch.Tensor, count: int, out: int, stride: int, dilation: int) -> list[torch.Tensor]:
+    """Each tap's input positions of ``z`` (N, P, C, R), P the padded tapped dim: (N, out, C, R) each.
+
+    A stride above 1 takes every ``stride``-th position by a view of ``stride`` positions as one and a
+    slice of the first (a step slice XNNPACK has not); the slices are along static dims only.
+    """
+    n, _, c, _ = z.shape
+    taps = []
+    for j in range(count):
+        first = j * dilation
+        if stride == 1:
+            taps.append(z if (first, out) == (0, z.shape[1]) else z[:, first : first + out])
+            continue
+        block = z[:, first : first + stride * out] if (first, stride * out) != (0, z.shape[1]) else z
+        if block.shape[1] < stride * out:  # the last window reads no further than the padded end
+            block = F.pad(block, (0, 0, 0, 0, 0, stride * out - block.shape[1]))
+        taps.append(block.reshape(n, out, stride, -1)[:, :, :1].reshape(n, out, c, -1))
+    return taps
+
+
+def frames_as_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    kernel: tuple[int, int, int],
+    stride: tuple[int, int, int],
+    padding: tuple[tuple[int, int], tuple[int, int], tuple[int, int]],
+    dilation: tuple[int, int, int],
+    groups: int,
+    along: TapsAlong,
+) -> torch.Tensor:
+    """``conv3d(x)`` for ``x`` (N, C, D, H, W), N static, D dynamic; ``weight`` is ``rows_weight``'s."""
+    if along == "h":  # the same with H and W swapped: the conv2d's plane is then (D, W)
+        swapped = frames_as_rows(
+            x.transpose(3, 4), weight, bias, (kernel[0], kernel[2], kernel[1]), (stride[0], stride[2], stride[1]),
+            (padding[0], padding[2], padding[1]), (dilation[0], dilation[2], dilation[1]), groups, "w",
+        )
+        return swapped.transpose(3, 4)
+    n, c, _, _, w = x.shape
+    kw = kernel[2]
+    (front, back), (top, bottom), (left, right) = padding
+    wo = (w + left + right - dilation[2] * (kw - 1) - 1) // stride[2] + 1
+    depth_pad = front if front == back else 0
+    height_pad = top if top == bottom else 0
+    pads = (left, right, 0 if top == bottom else top, 0 if top == bottom else bottom,
+            0 if front == back else front, 0 if front == back else back)
+    if any(pads):
+        x = F.pad(x, pads)
+    hp = x.shape[3]
+    z = x.permute(0, 4, 1, 2, 3).reshape(n, x.shape[4], c, -1)  # (N, Wp, C, D*Hp): D*Hp the one unknown
+    taps = _taps(z, kw, wo, stride[2], dilation[2])
+    if kw == 1:
+        rows = taps[0].reshape(n * wo, c, -1, hp)
+    else:
+        # (N, Wo, g, kw, C/g * D*Hp) by a cat (a stack would decompose into a view of symbolic sizes)
+        grouped = torch.cat([t.reshape(n, wo, groups, 1, -1) for t in taps], 3)
+        rows = grouped.reshape(n * wo, kw * c, -1, hp)
+    y = F.conv2d(rows, weight, bias, (stride[0], stride[1]), (depth_pad, height_pad),
+                 (dilation[0], dilation[1]), groups)
+    return y.reshape(n, wo, y.shape[1], -1, y.shape[3]).permute(0, 2, 3, 4, 1)
