@@ -18,7 +18,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.report import KeptOut, summarize
-from xnnguard.rewrite import attention, fold, layout, upsample, views
+from xnnguard.rewrite import attention, batch_norm, fold, layout, upsample, views
 from xnnguard.rewrite.conv3d.batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.conv3d.conv_transpose3d import RewriteConvTranspose3dPass
@@ -42,18 +42,20 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
 
     Constants fold first (the later rewrites see a computed weight or mask as a constant), then the
     views, upsampling and attention families move what has no XNNPACK config into forms it runs; batch
-    norms fold into their 3-D conv before it is rewritten; the rank reduction runs over the views the
-    3-D rewrites leave too. The normalizations and reductions run after it: it brings a layer norm or a
-    reduction above 6 dims to merged dims (and tags what it cannot), and they then rewrite ops of at most
-    6 dims only, so no op is handled by both. A float16 GELU, SiLU or hardsigmoid is rewritten with them
-    (``xnnguard.rewrite.half``). The layout passes run over what all the others left; last, a float16
-    op's number operands become float16 constants (the forms above write numbers too).
+    norms in a row merge, and batch norms fold into their 3-D conv before it is rewritten; the rank
+    reduction runs over the views the 3-D rewrites leave too. The normalizations and reductions run
+    after it: it brings a layer norm or a reduction above 6 dims to merged dims (and tags what it
+    cannot), and they then rewrite ops of at most 6 dims only, so no op is handled by both. A float16
+    GELU, SiLU or hardsigmoid is rewritten with them (``xnnguard.rewrite.half``). The layout passes run
+    over what all the others left; last, a float16 op's number operands become float16 constants (the
+    forms above write numbers too).
     """
     return [
         *fold.passes(),
         *views.passes(),
         *upsample.passes(),
         *attention.passes(),
+        *batch_norm.passes(),
         FoldBatchNorm3dPass(),
         RewriteBatchNorm3dPass(),
         RewriteConv3dPass(),

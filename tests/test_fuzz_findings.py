@@ -1,0 +1,43 @@
+"""Programs the graph fuzzer (``testbed.fuzz``) found failing to lower or quantize, each a small model written
+after its repro: it lowers with the real ExecuTorch, its program loads and runs on the real runtime, and
+it matches eager PyTorch (float) or the converted model (int8). The seed that found it is in each name's
+docstring.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from testbed.flow import lower_and_run
+from testbed.quantize import Precision
+
+
+def _randomize(bn: nn.BatchNorm1d | nn.BatchNorm2d | nn.BatchNorm3d) -> None:
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+
+
+class TwoBatchNorms(nn.Module):
+    """Seed 27: a batch norm right behind another, before a softmax (1.5.1: ``KeyError: 'val'``, stock too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn1, self.bn2 = nn.BatchNorm2d(5), nn.BatchNorm2d(5)
+        _randomize(self.bn1)
+        _randomize(self.bn2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.bn2(self.bn1(x)), dim=-1)
+
+
+@pytest.mark.parametrize("precision", ["float", "fp16", "static int8", "dynamic int8"])
+def test_two_batch_norms_in_a_row_lower_as_one_and_match(precision: Precision) -> None:
+    torch.manual_seed(27)
+    run = lower_and_run(TwoBatchNorms().eval(), (torch.randn(1, 5, 6, 5),), precision)
+    assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
