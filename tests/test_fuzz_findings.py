@@ -41,3 +41,25 @@ def test_two_batch_norms_in_a_row_lower_as_one_and_match(precision: Precision) -
     run = lower_and_run(TwoBatchNorms().eval(), (torch.randn(1, 5, 6, 5),), precision)
     assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
     run.assert_matches()
+
+
+class GroupedTransposedConvBatchNorm(nn.Module):
+    """Seed 58: a grouped ConvTranspose2d, then a BatchNorm2d (1.5.1 and pt2e fold it with the weight read as
+    ungrouped: ``The size of tensor a (3) must match the size of tensor b (6)``, stock too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose2d(4, 6, 3, stride=(1, 2), output_padding=(0, 1), groups=2, bias=True)
+        self.bn = nn.BatchNorm2d(6)
+        _randomize(self.bn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+@pytest.mark.parametrize("precision", ["float", "fp16", "static int8", "dynamic int8"])
+def test_batch_norm_after_a_grouped_transposed_conv_is_folded_and_matches(precision: Precision) -> None:
+    torch.manual_seed(58)
+    run = lower_and_run(GroupedTransposedConvBatchNorm().eval(), (torch.randn(1, 4, 5, 9),), precision)
+    assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()

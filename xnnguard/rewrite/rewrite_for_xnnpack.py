@@ -42,13 +42,13 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
 
     Constants fold first (the later rewrites see a computed weight or mask as a constant), then the
     views, upsampling and attention families move what has no XNNPACK config into forms it runs; batch
-    norms in a row merge, and batch norms fold into their 3-D conv before it is rewritten; the rank
-    reduction runs over the views the 3-D rewrites leave too. The normalizations and reductions run
-    after it: it brings a layer norm or a reduction above 6 dims to merged dims (and tags what it
-    cannot), and they then rewrite ops of at most 6 dims only, so no op is handled by both. A float16
-    GELU, SiLU or hardsigmoid is rewritten with them (``xnnguard.rewrite.half``). The layout passes run
-    over what all the others left; last, a float16 op's number operands become float16 constants (the
-    forms above write numbers too).
+    norms in a row merge, and batch norms fold into their grouped transposed or 3-D conv before it is
+    rewritten; the rank reduction runs over the views the 3-D rewrites leave too. The normalizations and
+    reductions run after it: it brings a layer norm or a reduction above 6 dims to merged dims (and tags
+    what it cannot), and they then rewrite ops of at most 6 dims only, so no op is handled by both. A
+    float16 GELU, SiLU or hardsigmoid is rewritten with them (``xnnguard.rewrite.half``). The layout
+    passes run over what all the others left; last, a float16 op's number operands become float16
+    constants (the forms above write numbers too).
     """
     return [
         *fold.passes(),
