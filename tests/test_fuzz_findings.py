@@ -63,3 +63,32 @@ def test_batch_norm_after_a_grouped_transposed_conv_is_folded_and_matches(precis
     run = lower_and_run(GroupedTransposedConvBatchNorm().eval(), (torch.randn(1, 4, 5, 9),), precision)
     assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
     run.assert_matches()
+
+
+class AdaptiveMaxPoolHead(nn.Module):
+    """Seed 31: ``nn.AdaptiveMaxPool2d`` after an activation (1.5.1's ``to_edge``: not in the core ATen opset,
+    stock too), with the activation also returned."""
+
+    def __init__(self, output_size: tuple[int, int]) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveMaxPool2d(output_size)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.sigmoid(x)
+        return self.pool(y), y
+
+
+@pytest.mark.parametrize("precision", ["float", "fp16", "static int8", "dynamic int8"])
+def test_adaptive_max_pool_whose_size_divides_its_input_runs_as_a_max_pooling(precision: Precision) -> None:
+    torch.manual_seed(31)
+    run = lower_and_run(AdaptiveMaxPoolHead((1, 3)).eval(), (torch.randn(1, 7, 4, 12),), precision)
+    assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
+
+
+@pytest.mark.parametrize("precision", ["float", "static int8"])
+def test_adaptive_max_pool_with_uneven_windows_runs_as_maxima_of_its_windows(precision: Precision) -> None:
+    torch.manual_seed(31)
+    run = lower_and_run(AdaptiveMaxPoolHead((3, 5)).eval(), (torch.randn(1, 7, 7, 12),), precision)
+    assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()

@@ -5,7 +5,8 @@ or W of a 4-D tensor only, and ``pow`` with the int exponent 2 only; it has no c
 amax or amin, and takes a softmax over the last dim only. The rewrites: ``softmax`` (softmax over any
 dim, log-softmax), ``keepdim_mean`` (a 4-D mean over H and W in the one written form 1.5.1
 takes), ``sums`` (sum, mean, var, std, vector norm as linears against constant vectors), ``extrema``
-(max and min as trees of ``maximum``/``minimum`` of slices), ``power``; ``plan`` holds the arithmetic
+(max and min as trees of ``maximum``/``minimum`` of slices), ``adaptive_max`` (adaptive max pooling,
+which 1.5.1's ``to_edge`` refuses), ``power``; ``plan`` holds the arithmetic
 of which view and permute gather a reduction's elements, ``forms`` the plain-PyTorch forms.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from torch.fx.passes.infra.pass_base import PassBase
 
+from xnnguard.rewrite.reduce.adaptive_max import RewriteAdaptiveMaxPoolPass
 from xnnguard.rewrite.reduce.extrema import RewriteExtremumPass
 from xnnguard.rewrite.reduce.keepdim_mean import MeanKeepdimPass
 from xnnguard.rewrite.reduce.power import RewritePowerPass
@@ -21,6 +23,7 @@ from xnnguard.rewrite.reduce.sums import RewriteSumPass
 
 __all__ = [
     "MeanKeepdimPass",
+    "RewriteAdaptiveMaxPoolPass",
     "RewriteExtremumPass",
     "RewritePowerPass",
     "RewriteSumPass",
@@ -35,8 +38,9 @@ def passes() -> list[PassBase]:
     The softmax comes first: its log-softmax form is an ``amax`` and a ``sum`` the later passes rewrite.
     The power comes before the means so that a ``x ** 2.0`` under a mean is a multiply before the mean is
     rewritten (no order is needed for correctness). ``MeanKeepdimPass`` and ``RewriteSumPass`` pick
-    disjoint means.
+    disjoint means. An adaptive max pooling comes before the extrema: its uneven windows are ``amax``es.
     """
     return [
-        SoftmaxAnyDimPass(), RewritePowerPass(), MeanKeepdimPass(), RewriteSumPass(), RewriteExtremumPass()
+        SoftmaxAnyDimPass(), RewritePowerPass(), MeanKeepdimPass(), RewriteSumPass(), RewriteAdaptiveMaxPoolPass(),
+        RewriteExtremumPass(),
     ]
