@@ -92,3 +92,24 @@ def test_adaptive_max_pool_with_uneven_windows_runs_as_maxima_of_its_windows(pre
     run = lower_and_run(AdaptiveMaxPoolHead((3, 5)).eval(), (torch.randn(1, 7, 7, 12),), precision)
     assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
     run.assert_matches()
+
+
+class LinearOverPooledWidth(nn.Module):
+    """Seed 18: frames folded into the batch, an average pooling, then linears over its output's width (1.5.1
+    in dynamic int8: ``Weight and Input should both be quantized``, stock too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = nn.AvgPool2d((2, 3), stride=(1, 3), padding=(1, 0), count_include_pad=False)
+        self.fc1, self.fc2 = nn.Linear(1, 8), nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        frames = x.permute(0, 2, 1, 3, 4).reshape(-1, 4, 5, 5)
+        return self.fc2(torch.nn.functional.silu(self.fc1(self.pool(frames))))
+
+
+def test_dynamically_quantized_linear_on_a_pooling_output_reads_it_as_rows_and_matches() -> None:
+    torch.manual_seed(18)
+    run = lower_and_run(LinearOverPooledWidth().eval(), (torch.randn(1, 4, 3, 5, 5),), "dynamic int8")
+    assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()

@@ -19,7 +19,9 @@ annotates them anyway. Here:
 * a zero pad keeps its input's quantization (``xnnguard.quantizer.shared_quantization``), so XNNPACK runs
   it int8 instead of failing to load it;
 * with dynamic configs only, a 2-D convolution whose input 1.5.1 would lay out wrong (behind a view)
-  reads it through a ``cat`` (``xnnguard.quantizer.dynamic_conv_input``), so it stays on XNNPACK;
+  reads it through a ``cat`` (``xnnguard.quantizer.dynamic_conv_input``), so it stays on XNNPACK, and a
+  linear on a 4-D tensor 1.5.1 may hold channels-last (a conv's or pooling's output) reads it as 2-D rows
+  (``xnnguard.quantizer.dynamic_linear_input``), so that its lowering does not fail;
 * on a graph without batch norm the stock conv + batch norm patterns, which cannot match there, are not
   traced (``xnnguard.quantizer.batch_norm_patterns``): ``prepare_pt2e`` of a small model takes
   milliseconds instead of some 3 s, with the same annotation;
@@ -40,6 +42,7 @@ from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 from xnnguard.boundary.stock_quantizer import ConfigFilteringQuantizer, NodeFilter
 from xnnguard.quantizer.batch_norm_patterns import only_patterns_that_can_match
 from xnnguard.quantizer.dynamic_conv_input import give_convs_cat_inputs
+from xnnguard.quantizer.dynamic_linear_input import give_linears_2d_inputs
 from xnnguard.quantizer.rewritten_ops import (
     keep_float_pieces,
     observe_inputs_as_the_original,
@@ -93,7 +96,8 @@ class XNNPACKQuantizer(ConfigFilteringQuantizer):
         return self
 
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
-        """The stock transform; with dynamic configs only, a cat input for the convs 1.5.1 would lay out wrong.
+        """The stock transform; with dynamic configs only, a cat input for the convs 1.5.1 would lay out wrong,
+        and a 2-D input for the linears whose channels-last input it would take for float.
 
         Only then: a static config would quantize the cat, a rounding the model does not have.
         """
@@ -102,6 +106,10 @@ class XNNPACKQuantizer(ConfigFilteringQuantizer):
             if changed:
                 logger.info("xnnguard: %d dynamically quantized conv(s) read their input through a cat: %s",
                             len(changed), ", ".join(changed))
+            linears = give_linears_2d_inputs(model)
+            if linears:
+                logger.info("xnnguard: %d dynamically quantized linear(s) read their 4-D input as rows: %s",
+                            len(linears), ", ".join(linears))
         return super().transform_for_annotation(model)
 
     def _only_dynamic_configs(self) -> bool:
