@@ -12,6 +12,7 @@ from torch import nn
 
 from testbed.flow import lower_and_run
 from testbed.quantize import Precision
+from xnnguard.report import Rule
 
 
 def _randomize(bn: nn.BatchNorm1d | nn.BatchNorm2d | nn.BatchNorm3d) -> None:
@@ -112,4 +113,14 @@ def test_dynamically_quantized_linear_on_a_pooling_output_reads_it_as_rows_and_m
     torch.manual_seed(18)
     run = lower_and_run(LinearOverPooledWidth().eval(), (torch.randn(1, 4, 3, 5, 5),), "dynamic int8")
     assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
+
+
+def test_dynamically_quantized_linear_on_a_pooling_output_stays_outside_with_the_stock_quantizer() -> None:
+    torch.manual_seed(18)
+    run = lower_and_run(LinearOverPooledWidth().eval(), (torch.randn(1, 4, 3, 5, 5),), "dynamic int8",
+                        quantizer="stock")
+    assert {record.rule for record in run.kept_out if record.op == "aten.addmm.default"} == {
+        Rule.DYNAMIC_LINEAR_LAYOUT
+    }, run.kept_out
     run.assert_matches()

@@ -110,6 +110,12 @@ def _dynamic_conv_source() -> tuple[torch.fx.Node, Context]:
     return _node(graph, "convolution", 1), Context()
 
 
+def _dynamic_linear_layout() -> tuple[torch.fx.Node, Context]:
+    model = nn.Sequential(nn.AvgPool2d(2), nn.Linear(4, 8))
+    graph = _edge(model, torch.randn(1, 4, 8, 8), _dynamic())
+    return _node(graph, "addmm"), Context()  # to_edge decomposed the linear: view, then addmm
+
+
 def _quantization_match() -> tuple[torch.fx.Node, Context]:
     graph = _edge(ConvPermuteConv(), torch.randn(1, 4, 16, 16), OwnPermuteQuantization().set_global(
         get_symmetric_quantization_config(is_per_channel=True)))
@@ -132,6 +138,7 @@ EXAMPLES: dict[Rule, Example] = {
     Rule.PASSTHROUGH_OUTPUT: _passthrough_output,
     Rule.QUANTIZED_PAD: _quantized_pad,
     Rule.DYNAMIC_CONV_SOURCE: _dynamic_conv_source,
+    Rule.DYNAMIC_LINEAR_LAYOUT: _dynamic_linear_layout,
     Rule.QUANTIZATION_MATCH: _quantization_match,
     Rule.NO_XNNPACK_EQUIVALENT: _no_equivalent,
 }

@@ -28,6 +28,7 @@ class Rule(str, Enum):
     NOT_REWRITTEN = "not_rewritten"  # an op XNNPACK has no kernel for that a rewrite could not replace
     QUANTIZED_PAD = "quantized_pad"  # xnnguard.rules.quantized_pad
     DYNAMIC_CONV_SOURCE = "dynamic_conv_source"  # xnnguard.rules.dynamic_conv_source
+    DYNAMIC_LINEAR_LAYOUT = "dynamic_linear_layout"  # xnnguard.rules.dynamic_linear_layout
     QUANTIZATION_MATCH = "quantization_match"  # xnnguard.rules.quantization_match: taken float, delegated
     EXTRA_ROUNDING = "extra_rounding"  # a rewritten form that, quantized, rounds where the original does not
     INT4_WEIGHT_BLOCKS = "int4_weight_blocks"  # xnnguard.recipes.int4_linears: int8 weights, not int4

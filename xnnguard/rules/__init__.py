@@ -7,7 +7,8 @@
 * ``prelu_rank``: PReLU on 4-D tensors only;
 * ``tagged``: a node tagged do-not-delegate stays out (the tag names the rule that set it);
 * ``passthrough_output``: a partition output stays a value of its own once copies are dropped;
-* ``quantized_pad``, ``dynamic_conv_source``, ``quantization_match``: what an int8 match needs;
+* ``quantized_pad``, ``dynamic_conv_source``, ``dynamic_linear_layout``, ``quantization_match``: what an
+  int8 match needs;
 * ``no_equivalent``: what no XNNPACK node computes (integer tensors, gathers by run-time indices);
 * ``keep_out``: ``keep_out_reason``, the one function the tag passes, the partitioner and the
   rewrites ask about a node.

@@ -36,13 +36,13 @@ from xnnguard.rules.rule import RuleCheck, Scope
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RULE", "dynamic_conv_source_violation", "walk_misplaces"]
+__all__ = ["RULE", "dynamic_conv_source_violation", "is_dynamic_dequantize", "walk_misplaces"]
 
 _DEQUANTIZE_OPS = frozenset({"dequantize_per_tensor", "dequantize_per_token", "dequantize_affine"})
 _CHOOSE_QPARAMS_OPS = frozenset({"choose_qparams", "choose_qparams_affine", "choose_qparams_per_token_asymmetric"})
 
 
-def _is_dynamic_dequantize(node: object) -> bool:
+def is_dynamic_dequantize(node: object) -> bool:
     """A dequantize whose scale and zero point come from a ``choose_qparams`` (ExecuTorch's ``is_dynamic_qdq``)."""
     if not is_op(node, _DEQUANTIZE_OPS):
         return False
@@ -123,7 +123,7 @@ def walk_misplaces(quantized: torch.fx.Node) -> bool:
 
 def dynamic_conv_source_violation(node: torch.fx.Node) -> str | None:
     """Why ``node``, a convolution reading a dynamically quantized input, cannot be delegated; else None."""
-    if not is_op(node, "convolution") or not _is_dynamic_dequantize(_first_arg(node)):
+    if not is_op(node, "convolution") or not is_dynamic_dequantize(_first_arg(node)):
         return None
     dequantize: torch.fx.Node = node.args[0]  # type: ignore[assignment]
     quantized = _first_arg(_first_arg(dequantize))

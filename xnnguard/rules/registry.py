@@ -20,6 +20,7 @@ from xnnguard.rules import (
     bfloat16,
     conv3d,
     dynamic_conv_source,
+    dynamic_linear_layout,
     max_reduction,
     no_equivalent,
     passthrough_output,
@@ -46,6 +47,7 @@ RULES: tuple[RuleCheck, ...] = (
     passthrough_output.RULE,
     quantized_pad.RULE,
     dynamic_conv_source.RULE,
+    dynamic_linear_layout.RULE,
     quantization_match.RULE,
     no_equivalent.RULE,
 )
