@@ -34,7 +34,7 @@ from testbed.lowered import Lowered, lower
 from testbed.quantize import Precision, is_dynamic, quantize_pt2e, xnnguard_quantizer, xnnpack_quantizer
 from testbed.tolerance import float_tolerance, fp16_tolerance, int8_tolerance
 
-__all__ = ["STAGES", "FlowError", "Inputs", "Run", "half_reference", "lower_and_run", "rewritten"]
+__all__ = ["STAGES", "Each", "FlowError", "Inputs", "Run", "half_reference", "lower_and_run", "rewritten"]
 
 Quantizer = Literal["xnnguard", "stock"]
 # What lower_and_run does, in order; a FlowError names one. "eager" and "export" are the model's own
@@ -42,6 +42,17 @@ Quantizer = Literal["xnnguard", "stock"]
 STAGES = ("eager", "export", "rewrite", "quantize", "reexport", "lower", "load", "run")
 # A dynamic batch's range (a batch of 1 would be specialized away as an example, not as a run).
 MAX_BATCH = 8
+
+
+class Each(torch.nn.Module):
+    """Each model on its own input: several small programs lowered (and compared) as one."""
+
+    def __init__(self, models: Sequence[torch.nn.Module]) -> None:
+        super().__init__()
+        self.models = torch.nn.ModuleList(models)
+
+    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(model(x) for model, x in zip(self.models, xs))
 
 
 class FlowError(Exception):

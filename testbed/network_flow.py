@@ -34,6 +34,7 @@ __all__ = [
     "StageError",
     "compute_outside",
     "count_graph",
+    "describe_error",
     "dynamic_batch",
     "failure_lines",
     "lower_network",
@@ -101,7 +102,7 @@ def stage(name: str, result: Result, log: Callable[[], str] | None = None) -> It
     except StageError:
         raise
     except Exception as error:
-        message = _describe(error)
+        message = describe_error(error)
         runtime = log() if log is not None else ""
         if runtime:
             message += f" | runtime log: {runtime}"
@@ -112,7 +113,7 @@ def stage(name: str, result: Result, log: Callable[[], str] | None = None) -> It
         result.stage_s[name] = result.stage_s.get(name, 0.0) + time.perf_counter() - started
 
 
-def _describe(error: BaseException) -> str:
+def describe_error(error: BaseException) -> str:
     """The exception and what caused it: ExecuTorch's pass manager wraps the real error in a generic one."""
     parts, seen = [], set()
     current: BaseException | None = error

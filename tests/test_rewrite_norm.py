@@ -15,7 +15,7 @@ from torch.export import Dim
 from torch.fx.passes.infra.pass_base import PassBase
 
 import xnnguard
-from testbed.flow import lower_and_run, rewritten
+from testbed.flow import Each, lower_and_run, rewritten
 from testbed.int8_reference import Int8, int8_against_the_original, steps_allowed
 from testbed.lowered import lower, run_pte
 from testbed.tolerance import fp16_tolerance
@@ -203,17 +203,6 @@ def test_each_norm_lowers_fully_to_xnnpack_and_matches_eager(name: str) -> None:
     lowered, out, reference, tolerance = lower_and_run(*_trained(name), "float")
     assert lowered.outside_ops() == {} and lowered.num_delegates == 1
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
-
-
-class Each(nn.Module):
-    """Each model on its own input: several small programs lowered as one."""
-
-    def __init__(self, models: list[nn.Module]) -> None:
-        super().__init__()
-        self.models = nn.ModuleList(models)
-
-    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(model(x) for model, x in zip(self.models, xs))
 
 
 def test_every_norm_in_float16_lowers_fully_to_xnnpack_and_matches_eager_float16() -> None:

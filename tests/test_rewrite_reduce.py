@@ -14,7 +14,7 @@ from torch import nn
 from torch.export import Dim
 
 import xnnguard
-from testbed.flow import lower_and_run, rewritten
+from testbed.flow import Each, lower_and_run, rewritten
 from testbed.int8_reference import Int8, int8_against_the_original, steps_allowed
 from testbed.lowered import lower, run_pte
 from testbed.tolerance import fp16_tolerance
@@ -288,17 +288,6 @@ def test_a_norm_of_an_attention_output_lowers_and_runs() -> None:
 
 
 # ---------------------------------------------------------------- float16
-
-
-class Each(nn.Module):
-    """Each model on its own input: several small programs lowered as one."""
-
-    def __init__(self, models: list[nn.Module]) -> None:
-        super().__init__()
-        self.models = nn.ModuleList(models)
-
-    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(model(x) for model, x in zip(self.models, xs))
 
 
 def test_every_reduction_in_float16_lowers_fully_to_xnnpack_and_matches_eager_float16() -> None:

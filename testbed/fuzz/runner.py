@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.fuzz.generator import Network
+from testbed.network_flow import describe_error
 
 __all__ = ["FAILED", "MODES", "STATUSES", "Outcome", "Runner", "run_program"]
 
@@ -107,14 +108,8 @@ class Outcome:
 
 
 def _describe(error: BaseException) -> str:
-    """The exception and what caused it, one line each, the innermost last (the flow wraps the real error)."""
-    parts, seen = [], set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        parts.append(f"{type(current).__name__}: {current}".strip())
-        current = current.__cause__ or current.__context__
-    return " | caused by: ".join(part.replace("\n", " ") for part in parts)[:3000]
+    """``describe_error``'s chain on one line, cut to what a report row holds."""
+    return describe_error(error).replace("\n", " ")[:3000]
 
 
 def run_program(network: Network, mode: str, runtime_log: Callable[[], str] | None = None) -> Outcome:

@@ -9,12 +9,12 @@ pt2e would no longer fold it either: folding first keeps the whole block one del
 from __future__ import annotations
 
 import logging
-import operator
 
 import torch
 from torch.fx.node import Argument
 
 from xnnguard.rewrite.attributes import attribute_tensor
+from xnnguard.rewrite.batch_norm.base import output_node
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rules.conv3d import ConvKind, conv3d_kind
 
@@ -37,16 +37,6 @@ def _statistic(graph_module: torch.fx.GraphModule, arg: Argument) -> torch.Tenso
     return arg if isinstance(arg, torch.Tensor) else None
 
 
-def _output_node(batch_norm: torch.fx.Node) -> torch.fx.Node | None:
-    """The node that carries the normalized tensor: the op itself, or its only ``getitem(0)``."""
-    if batch_norm.target is _aten.batch_norm.default:
-        return batch_norm
-    users = list(batch_norm.users)
-    if len(users) == 1 and users[0].target is operator.getitem and users[0].args[1] == 0:
-        return users[0]
-    return None
-
-
 class FoldBatchNorm3dPass(NodeRewritePass):
     """Folds ``conv3d -> batch_norm (eval)`` into one 3-D convolution with a new weight and bias."""
 
@@ -62,7 +52,7 @@ class FoldBatchNorm3dPass(NodeRewritePass):
             isinstance(conv, torch.fx.Node)
             and conv3d_kind(conv) is ConvKind.CONV3D
             and len(conv.users) == 1
-            and _output_node(node) is not None
+            and output_node(node) is not None
         )
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
@@ -105,7 +95,7 @@ class FoldBatchNorm3dPass(NodeRewritePass):
             args.append(new_bias_node)
         conv.args = tuple(args)
         conv.kwargs = {k: v for k, v in conv.kwargs.items() if k != "bias"}
-        output = _output_node(batch_norm)
+        output = output_node(batch_norm)
         assert output is not None
         output.replace_all_uses_with(conv)
         logger.debug("%s folded into %s", batch_norm.name, conv.name)
