@@ -25,6 +25,7 @@ their own. Each piece carries a stamp (``xnnguard.rewrite.provenance``):
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -118,23 +119,24 @@ def _between(
     entries: list[torch.fx.Node], ends: list[torch.fx.Node], members: set[torch.fx.Node]
 ) -> list[torch.fx.Node]:
     """Members on a path from ``entries`` to ``ends`` (both included), in graph order."""
+    reached = _reachable(entries, lambda node: node.users, members)
+    leads = _reachable(ends, lambda node: node.all_input_nodes, reached)
+    return [node for node in entries[0].graph.nodes if node in leads]
+
+
+def _reachable(
+    starts: list[torch.fx.Node], step: Callable[[torch.fx.Node], Iterable[torch.fx.Node]], within: set[torch.fx.Node]
+) -> set[torch.fx.Node]:
+    """The nodes of ``within`` reached from ``starts`` by ``step`` (users, or inputs) without leaving it."""
     reached: set[torch.fx.Node] = set()
-    pending = list(entries)
+    pending = list(starts)
     while pending:
         node = pending.pop()
-        if node in reached or node not in members:
+        if node in reached or node not in within:
             continue
         reached.add(node)
-        pending.extend(node.users)
-    leads: set[torch.fx.Node] = set()
-    pending = list(ends)
-    while pending:
-        node = pending.pop()
-        if node in leads or node not in reached:
-            continue
-        leads.add(node)
-        pending.extend(node.all_input_nodes)
-    return [node for node in entries[0].graph.nodes if node in leads]
+        pending.extend(step(node))
+    return reached
 
 
 def observe_inputs_as_the_original(model: torch.fx.GraphModule) -> int:
