@@ -7,13 +7,32 @@ the benchmarks.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import pytest
 import torch
 
 from xnnguard.report import STOCK_RULES, KeptOut
 from xnnguard.rules.rank_limit import exceeds_rank_limit
 
-__all__ = ["ClassToken", "SeparableBlock", "assert_within_rank_limit", "max_rank", "ops", "own_records"]
+__all__ = [
+    "ClassToken",
+    "SeparableBlock",
+    "assert_within_rank_limit",
+    "dynamic_int8_in_slow_tier",
+    "max_rank",
+    "ops",
+    "own_records",
+]
+
+
+def dynamic_int8_in_slow_tier(modes: Sequence[str]) -> list[Any]:
+    """A per-family test's precisions with its dynamic-int8 row in the slow tier (docs/testing.md).
+
+    Dynamic quantization quantizes only the linears and convs around a rewritten op, and
+    ``tests/test_rewrites_in_int8.py`` keeps a dynamic-int8 row of each rewrite family in the default tier.
+    """
+    return [pytest.param(mode, marks=pytest.mark.slow) if "dynamic" in mode else mode for mode in modes]
 
 
 def own_records(records: Sequence[KeptOut]) -> list[KeptOut]:

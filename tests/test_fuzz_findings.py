@@ -36,7 +36,10 @@ class TwoBatchNorms(nn.Module):
         return torch.softmax(self.bn2(self.bn1(x)), dim=-1)
 
 
-@pytest.mark.parametrize("precision", ["float", "fp16", "static int8", "dynamic int8"])
+# int8 in the slow tier: a batch norm left in the original makes torchao's convert trace its QAT conv-bn
+# patterns (15 s a mode); the merged norm is one batch norm, which the int8 rows of test_rewrite_norm cover.
+@pytest.mark.parametrize("precision", ["float", "fp16", *[pytest.param(mode, marks=pytest.mark.slow)
+                                                          for mode in ("static int8", "dynamic int8")]])
 def test_two_batch_norms_in_a_row_lower_as_one_and_match(precision: Precision) -> None:
     torch.manual_seed(27)
     run = lower_and_run(TwoBatchNorms().eval(), (torch.randn(1, 5, 6, 5),), precision)

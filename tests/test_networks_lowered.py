@@ -30,9 +30,18 @@ INT8_KINDS = ("s3d", "r2plus1d", "video_vae", "videomae", "qwen_vision")
 # Dynamic int8: the video VAE, whose convs read RMS norms (a gain of shape (C, 1, 1)) behind frame folds,
 # the inputs 1.5.1 lays out wrong for a dynamically quantized conv (xnnguard.rules.dynamic_conv_source).
 DYNAMIC_INT8_KINDS = ("video_vae",)
-PROGRAMS = ([pytest.param(name, "float", id=f"{name}-float") for name in KINDS]
+# The float kinds that take 14-25 s each (CI's 20 minutes): in the slow tier. The default tier keeps a 3-D
+# CNN of each build (R(2+1)D, S3D, a 3-D UNet with group norms), the video VAE and two transformer towers;
+# MViT's pooling (test_rewrite_pool3d, test_rewrite_views), Swin3D's windows (test_reduce_rank), Hiera's mask
+# units (test_partitioner_merge, test_rewrite_reduce) and the Wan decoder's idioms (test_rewrite_idioms) have
+# small tests of their own. The dynamic-int8 VAE is slow too: its rule fires in test_rule_registry, and a
+# dynamically quantized conv reading a reshape runs in test_rewrite_upsample's 2-D dynamic row.
+SLOW_FLOAT_KINDS = ("mvit", "swin3d", "unet3d", "hiera", "wan_vae")
+PROGRAMS = ([pytest.param(name, "float", id=f"{name}-float", marks=pytest.mark.slow if name in SLOW_FLOAT_KINDS else ())
+             for name in KINDS]
             + [pytest.param(name, "static", id=f"{name}-static", marks=pytest.mark.slow) for name in INT8_KINDS]
-            + [pytest.param(name, "dynamic", id=f"{name}-dynamic") for name in DYNAMIC_INT8_KINDS])
+            + [pytest.param(name, "dynamic", id=f"{name}-dynamic", marks=pytest.mark.slow)
+               for name in DYNAMIC_INT8_KINDS])
 
 
 @pytest.mark.parametrize("name, precision", PROGRAMS)

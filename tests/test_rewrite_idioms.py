@@ -19,6 +19,7 @@ from torch import nn
 
 from testbed.flow import lower_and_run
 from testbed.quantize import PRECISIONS, Precision
+from tests.support import dynamic_int8_in_slow_tier
 
 
 class HFPaddingMask(nn.Module):
@@ -200,7 +201,7 @@ IDIOMS: dict[str, tuple[Callable[[], nn.Module], tuple[tuple[int, ...], ...]]] =
 LEFT = {"8-D graph output": {"view_copy": 1}}
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", dynamic_int8_in_slow_tier(PRECISIONS))
 @pytest.mark.parametrize("name", list(IDIOMS))
 def test_an_idiom_of_real_networks_runs_in_one_delegate_and_matches(name: str, precision: Precision) -> None:
     build, shapes = IDIOMS[name]

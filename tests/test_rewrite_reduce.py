@@ -18,7 +18,7 @@ from testbed.flow import Each, lower_and_run, rewritten
 from testbed.int8_reference import Int8, int8_against_the_original, steps_allowed
 from testbed.lowered import lower, run_pte
 from testbed.tolerance import fp16_tolerance
-from tests.support import ops
+from tests.support import dynamic_int8_in_slow_tier, ops
 from xnnguard.report import Rule
 from xnnguard.rewrite.dtypes import HALF_MAX_STAGE
 from xnnguard.rewrite.reduce.extrema import RewriteExtremumPass
@@ -228,7 +228,7 @@ def test_each_reduction_lowers_fully_to_xnnpack_and_matches_eager(name: str) -> 
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
-@pytest.mark.parametrize("mode", ["static", "dynamic"])
+@pytest.mark.parametrize("mode", dynamic_int8_in_slow_tier(["static", "dynamic"]))
 @pytest.mark.parametrize("name", list(E2E))
 def test_each_reduction_in_int8_is_delegated_within_two_steps_of_the_original_quantized(name: str, mode: Int8) -> None:
     """Against the un-rewritten model quantized the stock way: the rewrite adds no rounding of its own."""

@@ -15,6 +15,7 @@ from testbed.flow import lower_and_run
 from testbed.int8_reference import Int8, int8_against_the_original, no_new_scales
 from testbed.lowered import lower, run_pte
 from testbed.quantize import Precision
+from tests.support import dynamic_int8_in_slow_tier
 from xnnguard.graph.ops import target_name
 from xnnguard.report import Rule
 from xnnguard.rewrite.rewrite_for_xnnpack import rewrite_for_xnnpack
@@ -352,7 +353,7 @@ def test_each_view_rewrite_lowers_inside_one_delegate_and_matches_eager(name: st
     torch.testing.assert_close(result, reference, atol=tolerance, rtol=0)
 
 
-@pytest.mark.parametrize("mode", ["static", "dynamic"])
+@pytest.mark.parametrize("mode", dynamic_int8_in_slow_tier(["static", "dynamic"]))
 @pytest.mark.parametrize("name", [name for name in DELEGATED if name != "in-place slice update"])
 def test_each_view_rewrite_in_int8_is_delegated_within_two_steps_of_the_original_quantized(
     name: str, mode: Int8

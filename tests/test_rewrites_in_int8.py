@@ -130,8 +130,9 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 
 # 1.4 cannot lower a batch norm no conv precedes in int8, rewritten or not
 MARKS = {"BatchNorm3d alone": (standalone_int8_batch_norm_fails_to_lower,)}
-# torchao's QAT conv-bn fold traced for the lone batch norm's original: ~50 s. Its pieces staying float is
-# checked in the default tier by the rounding-point test below, which converts the same two models.
+# torchao's QAT conv-bn fold traced for the lone batch norm's original: ~50 s, so both of its tests (the
+# rounding-point test converts the same two models) are in the slow tier; the rewrite itself is checked in
+# float by tests/test_rewrite_batch_norm3d.py, and batch norms in int8 by test_rewrite_norm's int8 rows.
 SLOW = {"BatchNorm3d alone": (pytest.mark.slow,)}
 
 # The families whose rewrite takes another form under a dynamic batch (-1 for the batch in its views, an
@@ -151,9 +152,16 @@ DYNAMIC_BATCH_CASES = (
 # conv right before it) adds no rounding in either: one mode is enough there. A batch norm left in the
 # original graph makes torchao's convert trace its QAT conv-bn patterns, about a minute a convert.
 CASE_MODES: dict[str, tuple[Int8, ...]] = {"BatchNorm3d alone": ("static",)}
+def dynamic_rows_tier(name: str, mode: Int8, batch: str) -> tuple[pytest.MarkDecorator, ...]:
+    """A family run under a dynamic batch has its dynamic-int8 row there: the one with a static batch is in
+    the slow tier."""
+    return (pytest.mark.slow,) if name in DYNAMIC_BATCH_CASES and mode == "dynamic" and batch == "static" else ()
+
+
 PROGRAMS = [
-    pytest.param(name, mode, batch, marks=[*MARKS.get(name, ()), *SLOW.get(name, ()), pytest.mark.xdist_group(name)],
-                 id=f"{name}-{mode}-{batch} batch")
+    pytest.param(name, mode, batch, id=f"{name}-{mode}-{batch} batch",
+                 marks=[*MARKS.get(name, ()), *SLOW.get(name, ()), *dynamic_rows_tier(name, mode, batch),
+                        pytest.mark.xdist_group(name)])
     for name in CASES
     for mode in CASE_MODES.get(name, MODES)
     for batch in ("static", "dynamic")
@@ -192,7 +200,9 @@ def test_the_int8_program_of_a_rewritten_op_is_within_two_steps_of_the_original_
     assert result.steps <= 2, f"{result.steps:.2f} quantization steps from the original op quantized"
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xdist_group(name)) for name in CASES])
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=[*SLOW.get(name, ()), pytest.mark.xdist_group(name)]) for name in CASES]
+)
 def test_a_rewritten_op_rounds_where_the_original_op_rounds_and_nowhere_else(
     name: str, converted_case: Callable[[str, Int8, bool], Case]
 ) -> None:
