@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from testbed.lowered import Lowered, lower
 from testbed.quantize import Precision, is_dynamic, quantize_pt2e, xnnguard_quantizer, xnnpack_quantizer
-from testbed.tolerance import float_tolerance, fp16_tolerance, int8_tolerance
+from testbed.tolerance import dynamic_step, float_tolerance, fp16_tolerance, int8_tolerance
 
 __all__ = ["STAGES", "Each", "FlowError", "Inputs", "Run", "half_reference", "lower_and_run", "rewritten"]
 
@@ -282,12 +282,14 @@ def lower_and_run(
             converted = quantize_pt2e(ep, inputs, chosen)
             with torch.no_grad():
                 references = [out for run in runs for out in _as_list(converted(*run))]
+            activation_step = dynamic_step(converted, runs) if dynamic else 0.0
         with _stage("reexport"):
             program = torch.export.export(converted, inputs, dynamic_shapes=dynamic_shapes)
         with _stage("lower"):
             lowered = lower(program, inputs, partitioner, via_to_backend=via_to_backend,
                             transform_passes=transform_passes)
-        tolerance = max(int8_tolerance(converted, ref, dynamic=dynamic, float_reference=flt)
+        tolerance = max(int8_tolerance(converted, ref, dynamic=dynamic, float_reference=flt,
+                                       activation_step=activation_step)
                         for ref, flt in zip(references, float_outputs))
     outputs = _load_and_run(lowered, runs)
     return Run(lowered, outputs, references, tolerance,

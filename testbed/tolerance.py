@@ -18,7 +18,10 @@
   step is the converted model's largest static activation scale (a rounding at a coarse scale carries
   through views to a finer output scale). Under dynamic quantization XNNPACK picks activation scales per
   batch row where pt2e picks one per tensor, so a step is also at least the converted model's own largest
-  error against float, and at least an int8 step over the output's range.
+  error against float, at least an int8 step over the output's range, and at least the largest scale the
+  converted model's dynamic quantization picks on the inputs (``dynamic_step``): the static policy's step
+  with the scales chosen at run time. Without it a one-element output (a linear max-pooled to one value,
+  fuzz seed 132) has no range, and its reference's distance from float is one rounding's luck.
 
 A whole network (``NetworkVerdict``) is judged by the same two policies, relative to its output's scale,
 with the tolerance a deep network needs (``NETWORK_TOLERANCE``) and, in int8, the rounding floor
@@ -26,6 +29,9 @@ with the tolerance a deep network needs (``NETWORK_TOLERANCE``) and, in int8, th
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -37,6 +43,7 @@ __all__ = [
     "INT8_STEPS",
     "MAX_ERR_SLACK",
     "NETWORK_TOLERANCE",
+    "dynamic_step",
     "float_tolerance",
     "fp16_tolerance",
     "int8_tolerance",
@@ -105,18 +112,44 @@ def quant_step(converted: torch.fx.GraphModule, expected: torch.Tensor) -> float
     return float(expected.max() - expected.min()) / 255
 
 
+def dynamic_step(converted: torch.fx.GraphModule, runs: Sequence[Sequence[torch.Tensor]]) -> float:
+    """The largest activation scale ``converted``'s dynamic quantization (its ``choose_qparams``) picks on ``runs``.
+
+    XNNPACK picks a scale per row no coarser than this one per tensor (a row's range is within the
+    tensor's), so each side rounds an activation by at most half of it: the dynamic counterpart of a
+    static model's largest activation scale. 0 for a model without dynamic quantization.
+    """
+    scales: list[float] = []
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            result = super().run_node(n)
+            if n.op == "call_function" and "choose_qparams" in str(n.target):
+                scales.append(float(result[0].max()))
+            return result
+
+    with torch.no_grad():
+        for run in runs:
+            Recorder(converted).run(*run)
+    return max(scales, default=0.0)
+
+
 def int8_tolerance(
     converted: torch.fx.GraphModule,
     reference: torch.Tensor,
     *,
     dynamic: bool,
     float_reference: torch.Tensor | None = None,
+    activation_step: float = 0.0,
 ) -> float:
     """The largest error an int8 program may have against ``reference``, the converted model's output.
 
     ``float_reference``: the float model's output, which a dynamic program's step is measured against.
+    ``activation_step``: in dynamic int8, ``dynamic_step`` of the converted model on the inputs.
     """
     step = quant_step(converted, reference)
+    if dynamic:
+        step = max(step, activation_step)
     if dynamic and float_reference is not None:
         # XNNPACK and the reference each round the activations at scales of their own: a program as close to
         # float as MAX_ERR_SLACK times the reference's distance is, by the triangle inequality, up to

@@ -111,6 +111,30 @@ def test_a_dynamic_int8_program_as_close_to_float_as_its_reference_matches_it() 
     run.assert_matches()
 
 
+class LinearPooledToOneValue(nn.Module):
+    """Fuzz seed 132: a linear over four rows of six, max-pooled to the first row's one output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 1)
+        self.pool = nn.MaxPool3d(kernel_size=(1, 2, 1), stride=(2, 1, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.fc(x))
+
+
+def test_a_dynamic_int8_step_is_at_least_the_activation_scale_its_quantization_picks() -> None:
+    """XNNPACK rounds the row at its own scale (0.0120), the reference at the tensor's (0.0142): 0.6694 and
+    0.6652 against float's 0.6664. One output has no range, and the reference's 0.0012 from float is one
+    rounding's luck (its worst row before the pool is 0.0038 off), so only the tensor's scale bounds it."""
+    torch.manual_seed(132)
+    x = torch.randn(1, 1, 2, 2, 6, generator=torch.Generator().manual_seed(132))
+    run = lower_and_run(LinearPooledToOneValue().eval(), x, "dynamic int8")
+    tensor_scale = float(x.max() - x.min()) / 255  # x spans zero: choose_qparams' range is its own
+    assert run.mismatch() is None
+    assert run.tolerance >= 2 * tensor_scale * (1 - 1e-3)
+
+
 def test_an_fp16_program_computing_the_wrong_thing_does_not_match() -> None:
     """The tolerance is rounding's, not a program's mistake: the same conv fed another input is far off."""
     model, x = ConvHead().eval(), torch.randn(2, 3, 8, 8)
