@@ -98,6 +98,43 @@ def test_adaptive_max_pool_with_uneven_windows_runs_as_maxima_of_its_windows(pre
     run.assert_matches()
 
 
+class AdaptiveMaxPool3dTokens(nn.Module):
+    """Seed 125: ``nn.AdaptiveMaxPool3d`` whose output is read as tokens by a linear (1.5.1's ``to_edge``:
+    ``adaptive_max_pool3d`` is not in the core ATen opset, stock too)."""
+
+    def __init__(self, output_size: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveMaxPool3d(output_size)
+        self.fc = nn.Linear(3, 14)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(x).flatten(2).transpose(1, 2))
+
+
+@pytest.mark.parametrize("precision", ["float", "static int8"])
+def test_adaptive_max_pool3d_whose_size_divides_its_input_runs_as_a_3d_max_pooling(precision: Precision) -> None:
+    torch.manual_seed(125)
+    run = lower_and_run(AdaptiveMaxPool3dTokens((3, 2, 7)).eval(), (torch.randn(2, 3, 6, 4, 7),), precision)
+    assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
+
+
+@pytest.mark.parametrize("precision", ["float", "fp16", "static int8", "dynamic int8"])
+def test_adaptive_max_pool3d_with_uneven_windows_runs_as_maxima_of_its_windows(precision: Precision) -> None:
+    torch.manual_seed(125)
+    run = lower_and_run(AdaptiveMaxPool3dTokens((1, 1, 6)).eval(), (torch.randn(2, 3, 6, 4, 7),), precision)
+    assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
+
+
+def test_adaptive_max_pool3d_with_a_dynamic_batch_matches_at_every_batch() -> None:
+    torch.manual_seed(125)
+    run = lower_and_run(AdaptiveMaxPool3dTokens((1, 1, 6)).eval(), (torch.randn(2, 3, 6, 4, 7),),
+                        dynamic_batch=(1, 3))
+    assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
+
+
 class LinearOverPooledWidth(nn.Module):
     """Seed 18: frames folded into the batch, an average pooling, then linears over its output's width (1.5.1
     in dynamic int8: ``Weight and Input should both be quantized``, stock too)."""

@@ -38,9 +38,8 @@ def passes() -> list[PassBase]:
     The softmax comes first: its log-softmax form is an ``amax`` and a ``sum`` the later passes rewrite.
     The power comes before the means so that a ``x ** 2.0`` under a mean is a multiply before the mean is
     rewritten (no order is needed for correctness). ``MeanKeepdimPass`` and ``RewriteSumPass`` pick
-    disjoint means. An adaptive max pooling comes before the extrema: its uneven windows are ``amax``es.
+    disjoint means. ``RewriteAdaptiveMaxPoolPass`` is not among them: ``default_rewrites`` runs it before
+    the 3-D poolings, which rewrite the ``max_pool3d`` it writes; its uneven windows are ``amax``es the
+    extrema rewrite here.
     """
-    return [
-        SoftmaxAnyDimPass(), RewritePowerPass(), MeanKeepdimPass(), RewriteSumPass(), RewriteAdaptiveMaxPoolPass(),
-        RewriteExtremumPass(),
-    ]
+    return [SoftmaxAnyDimPass(), RewritePowerPass(), MeanKeepdimPass(), RewriteSumPass(), RewriteExtremumPass()]
