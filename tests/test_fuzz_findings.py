@@ -135,6 +135,23 @@ def test_adaptive_max_pool3d_with_a_dynamic_batch_matches_at_every_batch() -> No
     run.assert_matches()
 
 
+class PatchesTanhGelu(nn.Module):
+    """Seed 100: patches of an image, then a tanh GELU (1.5.1 serializes XNNPACK's GELU without its
+    ``approximate``: it computes the erf GELU, 4.7e-4 off, stock too)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        patches = x.reshape(-1, 3, 13, 1, 8, 1).permute(0, 2, 4, 3, 5, 1)
+        return nn.functional.gelu(patches, approximate="tanh")
+
+
+@pytest.mark.parametrize("dynamic_batch", [(), (1, 3)])
+def test_float32_tanh_gelu_runs_as_the_tanh_gelu_not_the_erf_one(dynamic_batch: tuple[int, ...]) -> None:
+    torch.manual_seed(100)
+    run = lower_and_run(PatchesTanhGelu().eval(), (4 * torch.rand(2, 3, 13, 8) - 3.5,), dynamic_batch=dynamic_batch)
+    assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
+
+
 class LinearOverPooledWidth(nn.Module):
     """Seed 18: frames folded into the batch, an average pooling, then linears over its output's width (1.5.1
     in dynamic int8: ``Weight and Input should both be quantized``, stock too)."""

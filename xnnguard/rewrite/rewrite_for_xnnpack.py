@@ -30,6 +30,7 @@ from xnnguard.rewrite.rank.reduce_rank import ReduceRankPass
 from xnnguard.rewrite.reduce import RewriteAdaptiveMaxPoolPass, passes as reduce_passes
 from xnnguard.rewrite.reexport import export_again
 from xnnguard.rewrite.runner import RewriteError, run_passes
+from xnnguard.rewrite.tanh_gelu import RewriteTanhGeluPass
 from xnnguard.rules.tagged import tag, tag_of, tagged_rule
 
 __all__ = ["RewriteError", "XnnpackRewriter", "default_rewrites", "rewrite_for_xnnpack"]
@@ -47,8 +48,9 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
     or ``amax``es of its windows (the reductions take them); the rank reduction runs over the views the
     3-D rewrites leave too. The normalizations and reductions run after it: it brings a layer norm or a
     reduction above 6 dims to merged dims (and tags what it cannot), and they then rewrite ops of at most
-    6 dims only, so no op is handled by both. A float16 GELU, SiLU or hardsigmoid is rewritten with them
-    (``xnnguard.rewrite.half``). The layout passes run over what all the others left; last, a float16
+    6 dims only, so no op is handled by both. A float32 tanh GELU (which XNNPACK would compute as the erf
+    one) and a float16 GELU, SiLU or hardsigmoid are rewritten with them (``xnnguard.rewrite.tanh_gelu``,
+    ``xnnguard.rewrite.half``). The layout passes run over what all the others left; last, a float16
     op's number operands become float16 constants (the forms above write numbers too).
     """
     return [
@@ -66,6 +68,7 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
         ReduceRankPass(strict=strict),
         *norm_passes(),
         *reduce_passes(),
+        RewriteTanhGeluPass(),
         RewriteHalfGeluPass(),
         RewriteHalfActivationsPass(),
         *layout.passes(),
