@@ -152,6 +152,13 @@ def test_float32_tanh_gelu_runs_as_the_tanh_gelu_not_the_erf_one(dynamic_batch: 
     run.assert_matches()
 
 
+def test_tanh_gelu_left_unrewritten_stays_outside_xnnpack_and_matches() -> None:
+    torch.manual_seed(100)
+    run = lower_and_run(PatchesTanhGelu().eval(), (4 * torch.rand(2, 3, 13, 8) - 3.5,), rewrite=False)
+    assert [record.rule for record in run.kept_out if record.op == "aten.gelu.default"] == [Rule.TANH_GELU]
+    run.assert_matches()
+
+
 class LinearOverPooledWidth(nn.Module):
     """Seed 18: frames folded into the batch, an average pooling, then linears over its output's width (1.5.1
     in dynamic int8: ``Weight and Input should both be quantized``, stock too)."""

@@ -81,6 +81,11 @@ def _prelu_rank() -> tuple[torch.fx.Node, Context]:
     return _node(_exported(nn.PReLU(3), torch.randn(1, 3, 2, 4, 5)), "prelu"), Context()
 
 
+def _tanh_gelu() -> tuple[torch.fx.Node, Context]:
+    graph = _edge(_Lambda(lambda x: F.gelu(x, approximate="tanh")), torch.randn(2, 8))
+    return _node(graph, "gelu"), Context()
+
+
 def _bfloat16() -> tuple[torch.fx.Node, Context]:
     conv = nn.Conv2d(3, 4, 3).bfloat16()
     return _node(_exported(conv, torch.randn(1, 3, 8, 8).bfloat16()), "conv2d"), Context()
@@ -133,6 +138,7 @@ EXAMPLES: dict[Rule, Example] = {
     Rule.CONV3D: _conv3d,
     Rule.MAX_REDUCTION: _max_reduction,
     Rule.PRELU_RANK: _prelu_rank,
+    Rule.TANH_GELU: _tanh_gelu,
     Rule.BFLOAT16: _bfloat16,
     Rule.USER_TAG: _user_tag,
     Rule.PASSTHROUGH_OUTPUT: _passthrough_output,

@@ -22,6 +22,7 @@ class Rule(str, Enum):
     USER_TAG = "user_tag"  # xnnguard.rules.tagged
     MAX_REDUCTION = "max_reduction"  # xnnguard.rules.max_reduction
     PRELU_RANK = "prelu_rank"  # xnnguard.rules.prelu_rank
+    TANH_GELU = "tanh_gelu"  # xnnguard.rules.tanh_gelu
     BFLOAT16 = "bfloat16"  # xnnguard.rules.bfloat16
     PASSTHROUGH_OUTPUT = "passthrough_output"  # xnnguard.rules.passthrough_output
     NEEDS_KEPT_OUT_NODE = "needs_kept_out_node"  # an op whose partition needs a node kept out

@@ -6,7 +6,8 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
 ``GuardedConfig`` (``xnnguard.partition.guard``) that the stock loop asks. On top of the stock matching it
 
 * never delegates a node that ``keep_out_reason`` forbids (above 6 dims, 3-D convolution, a max over a
-  dim in a form XNNPACK 1.5.1 refuses, PReLU on a non-4-D tensor, user tag), and does not keep such an op
+  dim in a form XNNPACK 1.5.1 refuses, PReLU on a non-4-D tensor, a tanh GELU, which XNNPACK would
+  compute as the erf one, user tag), and does not keep such an op
   whole for XNNPACK (a linear on an 8-D input decomposes, its 2-D matmul stays);
 * in ``to_edge_transform_and_lower``, first rewrites what has an equivalent XNNPACK takes: a max over H
   or W keeps its dim (``MaxKeepdimPass``), a PReLU of another rank is folded to 4-D (``PReLUTo4dPass``),

@@ -5,7 +5,8 @@ ExecuTorch 1.5.1's ``GeluConfig`` takes every float32 ``gelu`` and its ``GeluVis
 ``XNNGelu`` node without the ``approximate`` argument, so XNNPACK computes the erf GELU in its place:
 up to 4.7e-4 off (at x = -2.7; fuzz seed 100, stock too), a hundred times float32 rounding. The form is
 the tanh GELU itself (``0.5 x (1 + tanh(z)) = x * sigmoid(2z)``, ``z = c (x + 0.044715 x^3)``), as a
-float16 GELU is written (``xnnguard.rewrite.half.gelu``); an erf GELU is XNNPACK's own and stays.
+float16 GELU is written (``xnnguard.rewrite.half.gelu``); an erf GELU is XNNPACK's own and stays. A
+tanh GELU this leaves is kept from XNNPACK by ``xnnguard.rules.tanh_gelu``.
 int8: the stock XNNPACK quantizer leaves a GELU float, so the pieces stay float.
 """
 
@@ -18,18 +19,9 @@ from xnnguard.rewrite.half.gelu import tanh_gelu
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import high_rank, user_kept_out
+from xnnguard.rules.tanh_gelu import is_tanh_gelu
 
-__all__ = ["RewriteTanhGeluPass", "is_tanh_gelu"]
-
-_aten = torch.ops.aten
-
-
-def is_tanh_gelu(node: torch.fx.Node) -> bool:
-    """True for ``aten.gelu(x, approximate="tanh")``."""
-    if node.op != "call_function" or node.target is not _aten.gelu.default:
-        return False
-    approximate = node.args[1] if len(node.args) > 1 else node.kwargs.get("approximate", "none")
-    return approximate == "tanh"
+__all__ = ["RewriteTanhGeluPass"]
 
 
 class RewriteTanhGeluPass(NodeRewritePass):

@@ -5,6 +5,7 @@
 * ``conv3d``: a convolution is 3-D when its weight has rank 5, and XNNPACK has none;
 * ``max_reduction``: a max over one dim keeps it, written 2 or 3 of a 4-D tensor;
 * ``prelu_rank``: PReLU on 4-D tensors only;
+* ``tanh_gelu``: a GELU only as the erf GELU (1.5.1 drops ``approximate="tanh"``);
 * ``tagged``: a node tagged do-not-delegate stays out (the tag names the rule that set it);
 * ``passthrough_output``: a partition output stays a value of its own once copies are dropped;
 * ``quantized_pad``, ``dynamic_conv_source``, ``dynamic_linear_layout``, ``quantization_match``: what an

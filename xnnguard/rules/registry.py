@@ -29,6 +29,7 @@ from xnnguard.rules import (
     quantized_pad,
     rank_limit,
     tagged,
+    tanh_gelu,
 )
 from xnnguard.rules.rule import NO_CONTEXT, Context, Effect, RuleCheck, Scope
 
@@ -42,6 +43,7 @@ RULES: tuple[RuleCheck, ...] = (
     conv3d.RULE,
     max_reduction.RULE,
     prelu_rank.RULE,
+    tanh_gelu.RULE,
     bfloat16.RULE,
     tagged.RULE,
     passthrough_output.RULE,
