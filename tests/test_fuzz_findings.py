@@ -188,3 +188,21 @@ def test_dynamically_quantized_linear_on_a_pooling_output_stays_outside_with_the
         Rule.DYNAMIC_LINEAR_LAYOUT
     }, run.kept_out
     run.assert_matches()
+
+
+class MaxPool3dValuesOnly(nn.Module):
+    """Seed 184: ``F.max_pool3d(..., return_indices=True)[0]``, the indices never read (export kept their
+    getitem, unused: the pooling was left as it was, with no kernel to run it, stock too)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = torch.nn.functional.max_pool3d(x, kernel_size=(3, 1, 2), stride=1, padding=(0, 0, 1),
+                                                return_indices=True)[0]
+        return torch.softmax(torch.relu(pooled), dim=-3)
+
+
+@pytest.mark.parametrize("precision", ["float", "static int8"])
+def test_a_3d_max_pooling_whose_indices_nobody_reads_runs_on_xnnpack(precision: Precision) -> None:
+    torch.manual_seed(184)
+    run = lower_and_run(MaxPool3dValuesOnly().eval(), (torch.randn(2, 3, 3, 7, 11),), precision)
+    assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()

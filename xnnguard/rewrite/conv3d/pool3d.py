@@ -146,7 +146,8 @@ def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
     stride = triple(kwargs.get("stride", []), default=kernel)
     padding = triple(kwargs.get("padding", 0))
     if node.target in _MAX_POOLS:
-        indices_used = any(u.target is operator.getitem and u.args[1] == 1 for u in node.users)
+        # export can leave an indices getitem nobody reads (``return_indices=True)[0]``): that is not a use
+        indices_used = any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in node.users)
         if node.target is _aten.max_pool3d_with_indices.default and indices_used:
             return "its indices are used (2-D pooling cannot give 3-D indices)"
         return Pool3d(
