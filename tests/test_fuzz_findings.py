@@ -206,3 +206,26 @@ def test_a_3d_max_pooling_whose_indices_nobody_reads_runs_on_xnnpack(precision: 
     run = lower_and_run(MaxPool3dValuesOnly().eval(), (torch.randn(2, 3, 3, 7, 11),), precision)
     assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
     run.assert_matches()
+
+
+class MaxPool2dValuesOnly(nn.Module):
+    """Seeds 138 and 156: ``F.max_pool2d(..., return_indices=True)[0]`` exports as ``max_pool2d_with_indices``,
+    which 1.5.1's ``MaxPool2dConfig`` does not take (2 delegates, the pooling on portable kernels, stock too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+        _randomize(self.bn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = torch.nn.functional.max_pool2d(self.bn(x), kernel_size=(3, 2), stride=(1, 2), padding=(0, 1),
+                                                return_indices=True)[0]
+        return torch.relu(pooled.flatten(2).transpose(1, 2))
+
+
+@pytest.mark.parametrize("precision", ["float", "fp16", "static int8"])
+def test_a_2d_max_pooling_whose_indices_nobody_reads_is_in_the_one_delegate(precision: Precision) -> None:
+    torch.manual_seed(138)
+    run = lower_and_run(MaxPool2dValuesOnly().eval(), (torch.randn(2, 4, 6, 7),), precision)
+    assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()

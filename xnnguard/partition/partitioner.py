@@ -13,7 +13,8 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
   or W keeps its dim (``MaxKeepdimPass``), a PReLU of another rank is folded to 4-D (``PReLUTo4dPass``),
   an integer scalar of a float op is written as the float it stands for (``FloatScalarsPass``: no int64
   constant and cast outside), and a quantize-dequantize after a view above 6 dims of values already on
-  its grid is dropped (``RequantizedViewsPass``: only the view stays outside). ExecuTorch 1.5 runs them
+  its grid is dropped (``RequantizedViewsPass``: only the view stays outside), and a 2-D max pooling
+  whose indices nobody reads is written ``max_pool2d`` (``ValuesOnlyMaxPoolPass``). ExecuTorch 1.5 runs them
   through ``transform_for_pre_decomposition``; 1.4, which has no such hook
   (``xnnguard.boundary.releases.has_pre_decomposition_hook``), through the first ``ops_to_not_decompose`` call,
   which 1.4 makes at the same point: on its own copy of the ATen program, before any decomposition;
@@ -65,6 +66,7 @@ from xnnguard.rewrite.forms.inferred_view import InferredViewPass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
 from xnnguard.rewrite.forms.requantized_views import RequantizedViewsPass
+from xnnguard.rewrite.forms.values_only_max_pool import ValuesOnlyMaxPoolPass
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.runner import run_passes
 from xnnguard.rules.keep_out import keep_out_reason
@@ -240,8 +242,9 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
 
 def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[NodeRewritePass]:
     """The rewrites that have work on ``graph_module``: a max over H or W, a PReLU of another rank, an
-    integer scalar operand of a float op, a requantization after a high-rank view."""
-    forms = (MaxKeepdimPass(), PReLUTo4dPass(), FloatScalarsPass(), RequantizedViewsPass())
+    integer scalar operand of a float op, a requantization after a high-rank view, a max pooling whose
+    indices nobody reads."""
+    forms = (MaxKeepdimPass(), PReLUTo4dPass(), FloatScalarsPass(), RequantizedViewsPass(), ValuesOnlyMaxPoolPass())
     return [rewrite for rewrite in forms if rewrite.applies_to(graph_module)]
 
 
