@@ -119,12 +119,14 @@ def test_a_native_crash_is_an_outcome_not_the_end_of_the_run(runner: Runner) -> 
     assert outcome.status == "crash" and "signal 6" in outcome.error
 
 
+@pytest.mark.slow  # 10-20 s: a child's start-up, then its whole time limit
 def test_a_program_that_loops_is_killed_after_its_cpu_time_and_counted_as_a_timeout() -> None:
     loop = _network("def build(batch):\n    while True:\n        pass\n")
     (outcome,) = Runner(jobs=1, timeout=2).run([(loop, "float32")])
     assert outcome.status == "timeout" and "of CPU" in outcome.error
 
 
+@pytest.mark.slow  # 10-20 s: a child's start-up, then its whole time limit
 def test_a_program_that_waits_forever_is_killed_after_its_wall_time() -> None:
     """A deadlock uses no CPU: the wall-time limit (HANG_FACTOR CPU timeouts) ends it."""
     wait = _network("def build(batch):\n    time.sleep(600)\n")
