@@ -8,12 +8,13 @@ of them, so every rule and rewrite asks here instead of splitting names its own 
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["is_op", "op_of", "target_name"]
+__all__ = ["is_op", "op_of", "target_name", "values_only_users"]
 
 
 def op_of(node: object) -> tuple[str, str] | None:
@@ -40,3 +41,15 @@ def target_name(node: torch.fx.Node) -> str:
     target = node.target
     name = getattr(target, "__name__", None) or str(target)
     return name if node.op == "call_function" else f"{node.op}:{name}"
+
+
+def values_only_users(node: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """The ``getitem(node, 0)`` users of a (values, indices) op when nothing reads its indices, else None.
+
+    An exported graph may hold an unread ``getitem(node, 1)``; it does not count as reading them.
+    """
+    def is_getitem(user: torch.fx.Node, index: int) -> bool:
+        return user.target is operator.getitem and bool(user.args[1] == index)
+
+    users = [user for user in node.users if user.users or not is_getitem(user, 1)]
+    return users if all(is_getitem(user, 0) for user in users) else None

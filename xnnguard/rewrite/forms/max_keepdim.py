@@ -16,6 +16,7 @@ import operator
 
 import torch
 
+from xnnguard.graph.ops import values_only_users
 from xnnguard.graph.shapes import static_shape
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
@@ -29,21 +30,8 @@ from xnnguard.rules.max_reduction import (
 __all__ = ["MaxKeepdimPass"]
 
 
-def _values_only(node: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """The ``getitem(node, 0)`` users of a ``max.dim`` when nothing reads its indices, else None.
-
-    An exported graph may hold an unread ``getitem(node, 1)``; it does not count as reading them.
-    """
-    users = [user for user in node.users if user.users or not _is_getitem(user, 1)]
-    return users if all(_is_getitem(user, 0) for user in users) else None
-
-
-def _is_getitem(node: torch.fx.Node, index: int) -> bool:
-    return node.target is operator.getitem and bool(node.args[1] == index)
-
-
 def _rewritable(node: torch.fx.Node) -> bool:
-    if not is_max_dim(node) or max_reduction_violation(node) is None or _values_only(node) is None:
+    if not is_max_dim(node) or max_reduction_violation(node) is None or values_only_users(node) is None:
         return False
     source, dim, _ = max_dim_arguments(node)
     shape = static_shape(source)

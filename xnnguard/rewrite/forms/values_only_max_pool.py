@@ -11,25 +11,15 @@ read stays, for the partitioner to keep out of XNNPACK.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
+from xnnguard.graph.ops import values_only_users
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 
 __all__ = ["ValuesOnlyMaxPoolPass"]
 
 _aten = torch.ops.aten
-
-
-def _values_users(node: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """The ``getitem(node, 0)`` users when nothing reads the indices (an unread ``getitem(node, 1)``
-    does not count), else None."""
-    getitems = [user for user in node.users if user.target is operator.getitem]
-    if len(getitems) != len(node.users) or any(user.args[1] == 1 and user.users for user in getitems):
-        return None
-    return [user for user in getitems if user.args[1] == 0]
 
 
 class ValuesOnlyMaxPoolPass(NodeRewritePass):
@@ -41,7 +31,7 @@ class ValuesOnlyMaxPoolPass(NodeRewritePass):
         return (
             node.op == "call_function"
             and node.target is _aten.max_pool2d_with_indices.default
-            and _values_users(node) is not None
+            and values_only_users(node) is not None
         )
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
