@@ -18,7 +18,6 @@ own ``avg_pool3d`` of a tensor of ones divided by the two stages applied to the 
 from __future__ import annotations
 
 import logging
-import operator
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.operator_schemas import normalize_function
 
+from xnnguard.graph.ops import values_only_users
 from xnnguard.report import Rule
 from xnnguard.rewrite.conv3d.size_args import Triple, triple
 from xnnguard.rewrite.conv3d.strided_select import select_every
@@ -146,9 +146,7 @@ def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
     stride = triple(kwargs.get("stride", []), default=kernel)
     padding = triple(kwargs.get("padding", 0))
     if node.target in _MAX_POOLS:
-        # export can leave an indices getitem nobody reads (``return_indices=True)[0]``): that is not a use
-        indices_used = any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in node.users)
-        if node.target is _aten.max_pool3d_with_indices.default and indices_used:
+        if node.target is _aten.max_pool3d_with_indices.default and values_only_users(node) is None:
             return "its indices are used (2-D pooling cannot give 3-D indices)"
         return Pool3d(
             "max", shape, kernel, stride, padding, triple(kwargs.get("dilation", 1)), bool(kwargs.get("ceil_mode")),

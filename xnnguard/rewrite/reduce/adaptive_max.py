@@ -18,11 +18,10 @@ leaves an adaptive max pooling float, so the pieces stay float.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.nn.functional as F
 
+from xnnguard.graph.ops import values_only_users
 from xnnguard.graph.shapes import tensor_value
 from xnnguard.report import Rule
 from xnnguard.rewrite.insert import splice_before
@@ -86,8 +85,8 @@ class RewriteAdaptiveMaxPoolPass(NodeRewritePass):
         return node.op == "call_function" and node.target in _POOLED_DIMS and not user_kept_out(node)
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
-        used = [user for user in node.users if user.users or user.op != "call_function"]
-        if any(user.target is not operator.getitem or user.args[1] != 0 for user in used):
+        values_users = values_only_users(node)
+        if values_users is None:
             return "its indices are used"
         pooled = _POOLED_DIMS[node.target]  # type: ignore[index]
         x = node.args[0]
@@ -100,7 +99,7 @@ class RewriteAdaptiveMaxPoolPass(NodeRewritePass):
         if size is None:
             return "its output size is not static"
         output = splice_before(graph_module, node, lambda x_: adaptive_max_form(x_, size), [x])
-        for user in [user for user in node.users if user.target is operator.getitem and user.args[1] == 0]:
+        for user in values_users:
             user.replace_all_uses_with(output)
             graph_module.graph.erase_node(user)
         return None

@@ -19,11 +19,10 @@ int8: the stock XNNPACK quantizer quantizes neither ``amax`` nor ``max.dim``, so
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from xnnguard.graph.args import int_arg, schema_arguments
+from xnnguard.graph.ops import values_only_users
 from xnnguard.graph.shapes import tensor_value
 from xnnguard.report import Rule
 from xnnguard.rewrite.dtypes import rewritten_float
@@ -50,16 +49,6 @@ _EXTREMA: dict[object, tuple[str, bool]] = {
 }
 
 
-def _values_users(node: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """The ``getitem(node, 0)`` users of a ``max.dim`` / ``min.dim`` when no used one reads the indices."""
-    users = [user for user in node.users if user.users or not _is_getitem(user, 1)]
-    return users if all(_is_getitem(user, 0) for user in users) else None
-
-
-def _is_getitem(node: torch.fx.Node, index: int) -> bool:
-    return node.target is operator.getitem and bool(node.args[1] == index)
-
-
 def _max_pooling_form(node: torch.fx.Node, x: torch.Tensor) -> bool:
     """A values-only ``max.dim`` over H or W of a 4-D tensor: XNNPACK's max pooling takes it."""
     if node.target is not _aten.max.dim:
@@ -82,11 +71,11 @@ class RewriteExtremumPass(NodeRewritePass):
         if x is None or x.dim() == 0 or not rewritten_float(x.dtype):
             return False
         _, with_indices = _EXTREMA[node.target]
-        return not (with_indices and _values_users(node) is not None and _max_pooling_form(node, x))
+        return not (with_indices and values_only_users(node) is not None and _max_pooling_form(node, x))
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         which, with_indices = _EXTREMA[node.target]
-        users = _values_users(node) if with_indices else [node]
+        users = values_only_users(node) if with_indices else [node]
         if users is None:
             return "its indices are used"
         arguments = schema_arguments(node) or {}
