@@ -27,7 +27,7 @@ from xnnguard.rewrite.conv3d.pool3d import RewritePool3dPass
 from xnnguard.rewrite.half import RewriteHalfActivationsPass, RewriteHalfGeluPass, ScalarOperandsPass
 from xnnguard.rewrite.norm import passes as norm_passes
 from xnnguard.rewrite.rank.reduce_rank import ReduceRankPass
-from xnnguard.rewrite.reduce import RewriteAdaptiveMaxPoolPass, passes as reduce_passes
+from xnnguard.rewrite.reduce import RewriteAdaptiveAvgPoolPass, RewriteAdaptiveMaxPoolPass, passes as reduce_passes
 from xnnguard.rewrite.reexport import export_again
 from xnnguard.rewrite.runner import RewriteError, run_passes
 from xnnguard.rewrite.tanh_gelu import RewriteTanhGeluPass
@@ -45,13 +45,14 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
     views, upsampling and attention families move what has no XNNPACK config into forms it runs; batch
     norms in a row merge, and batch norms fold into their grouped transposed or 3-D conv before it is
     rewritten; an adaptive max pooling becomes a max pooling (a 3-D one the pooling rewrite then takes)
-    or ``amax``es of its windows (the reductions take them); the rank reduction runs over the views the
-    3-D rewrites leave too. The normalizations and reductions run after it: it brings a layer norm or a
-    reduction above 6 dims to merged dims (and tags what it cannot), and they then rewrite ops of at most
-    6 dims only, so no op is handled by both. A float32 tanh GELU (which XNNPACK would compute as the erf
-    one) and a float16 GELU, SiLU or hardsigmoid are rewritten with them (``xnnguard.rewrite.tanh_gelu``,
-    ``xnnguard.rewrite.half``). The layout passes run over what all the others left; last, a float16
-    op's number operands become float16 constants (the forms above write numbers too).
+    or ``amax``es of its windows (the reductions take them), an uneven adaptive average pooling linears;
+    the rank reduction runs over the views the 3-D rewrites leave too. The normalizations and reductions
+    run after it: it brings a layer norm or a reduction above 6 dims to merged dims (and tags what it
+    cannot), and they then rewrite ops of at most 6 dims only, so no op is handled by both. A float32
+    tanh GELU (which XNNPACK would compute as the erf one) and a float16 GELU, SiLU or hardsigmoid are
+    rewritten with them (``xnnguard.rewrite.tanh_gelu``, ``xnnguard.rewrite.half``). The layout passes
+    run over what all the others left; last, a float16 op's number operands become float16 constants
+    (the forms above write numbers too).
     """
     return [
         *fold.passes(),
@@ -64,6 +65,7 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
         RewriteConv3dPass(),
         RewriteConvTranspose3dPass(),
         RewriteAdaptiveMaxPoolPass(),
+        RewriteAdaptiveAvgPoolPass(),
         RewritePool3dPass(),
         ReduceRankPass(strict=strict),
         *norm_passes(),

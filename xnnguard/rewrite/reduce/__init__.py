@@ -6,7 +6,9 @@ amax or amin, and takes a softmax over the last dim only. The rewrites: ``softma
 dim, log-softmax), ``keepdim_mean`` (a 4-D mean over H and W in the one written form 1.5.1
 takes), ``sums`` (sum, mean, var, std, vector norm as linears against constant vectors), ``extrema``
 (max and min as trees of ``maximum``/``minimum`` of slices), ``adaptive_max`` (adaptive max pooling,
-which 1.5.1's ``to_edge`` refuses), ``power``; ``plan`` holds the arithmetic
+which 1.5.1's ``to_edge`` refuses), ``adaptive_avg`` (adaptive average pooling with uneven windows, as
+linears), ``avg_pool2d`` (the average poolings 1.5.1's config refuses: ceil mode, a counted padding, a
+divisor override), ``power``; ``plan`` holds the arithmetic
 of which view and permute gather a reduction's elements, ``forms`` the plain-PyTorch forms.
 """
 
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 from torch.fx.passes.infra.pass_base import PassBase
 
+from xnnguard.rewrite.reduce.adaptive_avg import RewriteAdaptiveAvgPoolPass
 from xnnguard.rewrite.reduce.adaptive_max import RewriteAdaptiveMaxPoolPass
+from xnnguard.rewrite.reduce.avg_pool2d import RewriteAvgPool2dPass
 from xnnguard.rewrite.reduce.extrema import RewriteExtremumPass
 from xnnguard.rewrite.reduce.keepdim_mean import MeanKeepdimPass
 from xnnguard.rewrite.reduce.power import RewritePowerPass
@@ -23,7 +27,9 @@ from xnnguard.rewrite.reduce.sums import RewriteSumPass
 
 __all__ = [
     "MeanKeepdimPass",
+    "RewriteAdaptiveAvgPoolPass",
     "RewriteAdaptiveMaxPoolPass",
+    "RewriteAvgPool2dPass",
     "RewriteExtremumPass",
     "RewritePowerPass",
     "RewriteSumPass",
@@ -38,8 +44,15 @@ def passes() -> list[PassBase]:
     The softmax comes first: its log-softmax form is an ``amax`` and a ``sum`` the later passes rewrite.
     The power comes before the means so that a ``x ** 2.0`` under a mean is a multiply before the mean is
     rewritten (no order is needed for correctness). ``MeanKeepdimPass`` and ``RewriteSumPass`` pick
-    disjoint means. ``RewriteAdaptiveMaxPoolPass`` is not among them: ``default_rewrites`` runs it before
-    the 3-D poolings, which rewrite the ``max_pool3d`` it writes; its uneven windows are ``amax``es the
-    extrema rewrite here.
+    disjoint means. The adaptive poolings are not among them: ``default_rewrites`` runs them before the
+    3-D poolings, which rewrite the ``max_pool3d`` an even adaptive max pooling becomes (its uneven
+    windows are ``amax``es the extrema rewrite here) and report an uneven adaptive average pooling.
     """
-    return [SoftmaxAnyDimPass(), RewritePowerPass(), MeanKeepdimPass(), RewriteSumPass(), RewriteExtremumPass()]
+    return [
+        SoftmaxAnyDimPass(),
+        RewritePowerPass(),
+        MeanKeepdimPass(),
+        RewriteSumPass(),
+        RewriteExtremumPass(),
+        RewriteAvgPool2dPass(),
+    ]
