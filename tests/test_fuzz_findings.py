@@ -228,3 +228,25 @@ def test_a_2d_max_pooling_whose_indices_nobody_reads_is_in_the_one_delegate(prec
     run = lower_and_run(MaxPool2dValuesOnly().eval(), (torch.randn(2, 4, 6, 7),), precision)
     assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
     run.assert_matches()
+
+
+class DetachedPooling(nn.Module):
+    """Seeds 151 and 156: a ``.detach()`` between two ops reaches the edge dialect as ``alias_copy``, which no
+    1.5.1 config takes (2 delegates, the copy on portable kernels, stock too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(4, 6, 3, padding=1), nn.GroupNorm(2, 6)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled = torch.relu(self.conv(x)).detach()
+        return self.norm(pooled), x.detach()  # the second: a graph input's detach, which stays
+
+
+@pytest.mark.parametrize("precision", ["float", "static int8"])
+def test_a_detach_inside_the_graph_is_in_the_one_delegate(precision: Precision) -> None:
+    torch.manual_seed(151)
+    run = lower_and_run(DetachedPooling().eval(), (torch.randn(2, 4, 6, 7),), precision)
+    assert run.lowered.num_delegates == 1, run.lowered.outside_ops()
+    assert run.lowered.outside_ops() == {"alias_copy": 1}, run.lowered.outside_ops()  # the input's, at the edge
+    run.assert_matches()

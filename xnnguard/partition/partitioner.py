@@ -62,6 +62,7 @@ from xnnguard.partition.merge import merge_partitions
 from xnnguard.partition.outside import is_operator_call, outside_record
 from xnnguard.report import KeptOut, Rule, summarize
 from xnnguard.rewrite.forms.float_scalars import FloatScalarsPass
+from xnnguard.rewrite.forms.inference_detach import InferenceDetachPass
 from xnnguard.rewrite.forms.inferred_view import InferredViewPass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
@@ -243,8 +244,15 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
 def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[NodeRewritePass]:
     """The rewrites that have work on ``graph_module``: a max over H or W, a PReLU of another rank, an
     integer scalar operand of a float op, a requantization after a high-rank view, a max pooling whose
-    indices nobody reads."""
-    forms = (MaxKeepdimPass(), PReLUTo4dPass(), FloatScalarsPass(), RequantizedViewsPass(), ValuesOnlyMaxPoolPass())
+    indices nobody reads, a ``detach``."""
+    forms = (
+        MaxKeepdimPass(),
+        PReLUTo4dPass(),
+        FloatScalarsPass(),
+        RequantizedViewsPass(),
+        ValuesOnlyMaxPoolPass(),
+        InferenceDetachPass(),
+    )
     return [rewrite for rewrite in forms if rewrite.applies_to(graph_module)]
 
 
