@@ -78,7 +78,6 @@ def layer_norms(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor]:
     rank = draw(st.integers(1, 5))
     shape = tuple(draw(st.integers(1, 6)) for _ in range(rank))
     normalized = shape[rank - draw(st.integers(1, min(rank, 3))) :]
-    assume(math.prod(normalized) > 1)  # a norm of single elements is left as it is
     eps = draw(_EPS)
     model = Norm(lambda x, w, b: F.layer_norm(x, normalized, w, b, eps), normalized, draw(_AFFINE))
     return model, _input(draw, shape)
@@ -367,6 +366,18 @@ def test_a_group_norm_of_one_element_groups_is_its_bias_on_xnnpack(precision: st
     run = lower_and_run(norm, torch.randn(3, 6, 1), precision)
     assert run.lowered.num_delegates == 1 and not run.lowered.outside_ops(), run.lowered.outside_ops()
     assert torch.equal(run.out, (norm.bias.detach().view(1, 6, 1) * torch.ones(3, 1, 1)).to(run.out.dtype))
+
+
+@pytest.mark.parametrize("precision", ["float", "fp16"])
+def test_a_layer_norm_of_single_elements_is_its_bias_on_xnnpack(precision: str) -> None:
+    """Fuzz seed 157: a LayerNorm([1, 1]) after a global pooling; each element is its own mean."""
+    torch.manual_seed(0)
+    norm = nn.LayerNorm([1, 1]).eval()
+    nn.init.uniform_(norm.weight, 0.5, 1.5)
+    nn.init.uniform_(norm.bias, -0.5, 0.5)
+    run = lower_and_run(norm, torch.randn(3, 4, 1, 1), precision)
+    assert run.lowered.num_delegates == 1 and not run.lowered.outside_ops(), run.lowered.outside_ops()
+    assert torch.equal(run.out, (norm.bias.detach() * torch.ones(3, 4, 1, 1)).to(run.out.dtype))
 
 
 def test_a_group_norm_with_dynamic_channels_positions_is_left_and_reported() -> None:

@@ -8,7 +8,9 @@ delegates.
 
 A layer norm normalizes its trailing ``normalized_shape`` dims: ``statistics``
 (``xnnguard.rewrite.norm.base``) over them, on the input as it is (the linears take any leading dims, a
-dynamic batch or sequence too), then ``(x - mean) * rstd * weight + bias``. An RMS norm is
+dynamic batch or sequence too), then ``(x - mean) * rstd * weight + bias``; over single elements
+(fuzz seed 157) ``(x - x) / sqrt(eps) * weight + bias``, its bias where ``x`` is finite and NaN where
+not, as PyTorch's. An RMS norm is
 ``x * rsqrt(sum(x * x, 1/K) + eps) * weight`` (``eps`` None: float32's machine epsilon, as PyTorch
 does, also in float16, which it computes in float32); in float16 the mean of squares is taken without
 overflow (``xnnguard.rewrite.norm.base``). Above 6 dims, ``ReduceRankPass`` (which runs first) merges the leading dims.
@@ -52,8 +54,13 @@ def _trailing_plan(node: torch.fx.Node, normalized: list[int]) -> SumPlan | str:
     if 0 in normalized or any(size == 0 for size in shape if isinstance(size, int)):
         return "it normalizes an empty tensor"
     if math.prod(normalized) == 1:
-        return "it normalizes single elements"
+        return _SINGLE
     return SumPlan(None, tuple(normalized), *rule)
+
+
+# A norm over one element has no sum to plan: its statistics are the element itself (a mean of one, a
+# variance of 0), which the single-element forms below write directly.
+_SINGLE = "it normalizes single elements"
 
 
 def _eps(value: object, default: float) -> float | None:
@@ -73,12 +80,20 @@ class RewriteLayerNormPass(NormRewritePass):
         normalized = int_list(arguments["normalized_shape"])
         plan = _trailing_plan(node, normalized)
         eps = _eps(arguments.get("eps"), 1e-5)
-        if isinstance(plan, str):
-            return plan
         if eps is None:
             return "its eps is not a constant"
         weight = affine_operand(graph_module, arguments.get("weight"), normalized)
         bias = affine_operand(graph_module, arguments.get("bias"), normalized)
+        present: list[Operand] = [operand for operand in (weight, bias) if operand is not None]
+        if plan == _SINGLE:
+            # (x - mean) * rstd is 0 (NaN where x is not finite, as in PyTorch): x - x, times 1 / sqrt(eps)
+            def single(x: torch.Tensor, rstd_: torch.Tensor, *affine: torch.Tensor) -> torch.Tensor:
+                return _affine((x - x) * rstd_, list(affine), weight is not None, bias is not None, normalized)
+
+            rstd = eps_constant(1.0 / math.sqrt(eps), dtype_of(node.args[0]))
+            return single, [node.args[0], rstd, *present]  # type: ignore[list-item]
+        if isinstance(plan, str):
+            return plan
         dtype = dtype_of(node.args[0])
         averages = sum_weights(plan.stages, 1.0 / plan.k, dtype)
         count = len(averages)
@@ -86,15 +101,20 @@ class RewriteLayerNormPass(NormRewritePass):
         def layer_norm(x: torch.Tensor, eps_: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
             weights, affine = rest[:count], list(rest[count:])
             _, centered, rstd = statistics(x, plan, weights, eps_)
-            y = centered * rstd
-            if weight is not None:
-                y = y * shaped(affine.pop(0), normalized)
-            if bias is not None:
-                y = y + shaped(affine.pop(0), normalized)
-            return y
+            return _affine(centered * rstd, affine, weight is not None, bias is not None, normalized)
 
-        present: list[Operand] = [operand for operand in (weight, bias) if operand is not None]
         return layer_norm, [node.args[0], eps_constant(eps, dtype), *averages, *present]  # type: ignore[list-item]
+
+
+def _affine(
+    y: torch.Tensor, affine: list[torch.Tensor], weight: bool, bias: bool, normalized: list[int]
+) -> torch.Tensor:
+    """``y * weight + bias``, each if present (``affine`` holds the present ones, weight first)."""
+    if weight:
+        y = y * shaped(affine.pop(0), normalized)
+    if bias:
+        y = y + shaped(affine.pop(0), normalized)
+    return y
 
 
 class RewriteRmsNormPass(NormRewritePass):
