@@ -1,4 +1,5 @@
-"""Nearest upsampling by integer factors as broadcasting multiplies: same values, inside one delegate."""
+"""Nearest upsampling as broadcasting multiplies (integer factors) or gathers by constant indices (any other
+static size): same values, inside one delegate."""
 
 from __future__ import annotations
 
@@ -13,11 +14,9 @@ from testbed.flow import lower_and_run
 from testbed.int8_reference import Int8, int8_against_the_original, no_new_scales
 from testbed.lowered import lower, run_pte
 from xnnguard.graph.ops import target_name
-from xnnguard.report import Rule
 from xnnguard.rewrite.rewrite_for_xnnpack import rewrite_for_xnnpack
 from xnnguard.rewrite.runner import run_passes
 from xnnguard.rewrite.upsample.nearest import NearestUpsamplePass, nearest_upsample
-from xnnguard.rules.tagged import tag_of
 
 
 class Upsample(torch.nn.Module):
@@ -71,22 +70,25 @@ def test_each_integer_nearest_upsampling_is_rewritten_within_6_dims(shape: tuple
     torch.testing.assert_close(graph_module(x), model(x), atol=0, rtol=0)
 
 
-def test_an_upsampling_to_a_size_that_is_not_a_multiple_is_left_and_reported() -> None:
-    model, x = Upsample(size=(7, 9), mode="nearest"), torch.randn(1, 2, 4, 5)
+@pytest.mark.parametrize(
+    ("shape", "options"),
+    [
+        ((1, 2, 4, 5), {"size": (7, 9), "mode": "nearest"}),
+        ((1, 2, 3, 11, 3), {"size": (7, 12, 6), "mode": "nearest"}),  # fuzz seed 175
+        ((1, 2, 4, 5), {"size": (6, 8), "mode": "nearest-exact"}),
+        ((1, 1, 2, 2), {"scale_factor": 2.5, "mode": "nearest"}),  # picks sources by the scale, not the sizes
+        ((1, 2, 6, 7), {"size": (4, 5), "mode": "nearest"}),  # a downsampling
+    ],
+    ids=["2d-size", "3d-size", "2d-exact-size", "2d-scale", "2d-down"],
+)
+def test_any_other_static_nearest_upsampling_is_rewritten_as_gathers_with_the_same_values(
+    shape: tuple[int, ...], options: dict
+) -> None:
+    model, x = Upsample(**options), torch.randn(shape)
     graph_module = torch.export.export(model, (x,)).module()
     result = run_passes([NearestUpsamplePass()], graph_module, strict=True)
-    assert _upsamples(graph_module) != []
-    (record,) = result.report
-    assert record.rule is Rule.NOT_REWRITTEN and "not an integer multiple" in record.reason
-    assert not tag_of(next(n for n in graph_module.graph.nodes if "upsample" in target_name(n)))  # XNNPACK may try
-
-
-def test_a_scale_that_is_not_the_size_ratio_is_left() -> None:
-    """``scale_factor=2.5`` on size 2 gives 5 outputs, which pick sources by the scale: not a replication."""
-    model, x = Upsample(scale_factor=2.5, mode="nearest"), torch.randn(1, 1, 2, 2)
-    graph_module = torch.export.export(model, (x,)).module()
-    run_passes([NearestUpsamplePass()], graph_module, strict=True)
-    assert _upsamples(graph_module) != []
+    assert _upsamples(graph_module) == [] and not result.report, result.report
+    torch.testing.assert_close(graph_module(x), model(x), atol=0, rtol=0)
 
 
 def test_a_dynamic_batch_stays_dynamic() -> None:
@@ -144,6 +146,33 @@ def test_a_decoder_with_nearest_upsampling_in_int8_is_one_delegate_within_two_st
     assert result.steps <= 2, f"{result.steps:.2f} quantization steps from the original quantized"
     if mode == "static":
         assert no_new_scales(result), (result.scales, result.ideal_scales)  # no rounding the original lacks
+
+
+class SizedDecoder(torch.nn.Module):
+    """Fuzz seed 175: a Conv3d decoder step upsampled to a size no multiple of its input's (1.5.1 decomposed
+    it into arange / index gathers outside XNNPACK, stock too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.last = torch.nn.Conv3d(3, 4, 3, padding=1), torch.nn.Conv3d(4, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(F.interpolate(self.first(x), size=(7, 12, 6), mode="nearest"))
+
+
+def test_a_decoder_upsampling_to_a_size_no_multiple_of_its_input_is_one_delegate_and_matches() -> None:
+    torch.manual_seed(175)
+    lowered, out, reference, tolerance = lower_and_run(SizedDecoder(), torch.randn(1, 3, 3, 11, 3), "float")
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1, lowered.outside_ops()
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+def test_a_decoder_upsampling_to_a_size_no_multiple_of_its_input_in_int8_adds_no_rounding() -> None:
+    torch.manual_seed(175)
+    result = int8_against_the_original(SizedDecoder(), torch.randn(1, 3, 3, 11, 3), "static")
+    assert result.lowered.outside_ops() == {} and result.lowered.num_delegates == 1, result.lowered.outside_ops()
+    assert result.steps <= 2, f"{result.steps:.2f} quantization steps from the original quantized"
+    assert no_new_scales(result), (result.scales, result.ideal_scales)
 
 
 def test_a_decoder_with_a_dynamic_batch_lowers_and_runs_at_other_batch_sizes() -> None:

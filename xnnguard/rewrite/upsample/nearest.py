@@ -1,7 +1,7 @@
-"""Nearest upsampling by integer factors, 1-D, 2-D and 3-D, as broadcasting multiplies XNNPACK runs.
+"""Nearest upsampling, 1-D, 2-D and 3-D, as broadcasting multiplies (integer factors) or gathers, which XNNPACK runs.
 
-Invariant established: no ``upsample_nearest{1,2,3}d`` / ``_upsample_nearest_exact{1,2,3}d`` whose output
-is an integer multiple of its input along every spatial dim, with static spatial sizes, is left. XNNPACK
+Invariant established: no ``upsample_nearest{1,2,3}d`` / ``_upsample_nearest_exact{1,2,3}d`` with static
+spatial sizes is left. XNNPACK
 has no nearest resize; ExecuTorch 1.5.1 ran the 2-D one on its portable kernel and decomposed the 3-D one
 (VAE and 3-D UNet decoders) into ``arange`` / ``index`` gathers with ``unsqueeze`` and dtype casts around
 them, all outside the delegates.
@@ -19,6 +19,12 @@ spatial shape holding each element's index, and the rewrite applies only when th
 replication (``nearest`` and ``nearest-exact`` both do for integer factors; a scale that is not the size
 ratio would not).
 
+Any other nearest upsampling with static spatial sizes (an output size that is no multiple of the
+input's, fuzz seed 175; a scale of its own) picks each output element's source dim by dim too, just not
+by equal repeats: it becomes one gather by constant indices per dim, written as the slices and in-place
+repeats of its index runs (``xnnguard.rewrite.views.constant_gather``). The indices are read from the op
+itself, run on each element's flat index, and the form is checked against it the same way.
+
 int8: the stock quantizer leaves nearest upsampling float; so are its pieces (``pieces_stay_float``).
 """
 
@@ -33,6 +39,7 @@ from xnnguard.graph.shapes import tensor_value
 from xnnguard.report import Rule
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.views.base import replace_by, view_sizes
+from xnnguard.rewrite.views.constant_gather import MAX_RUNS, Run, gather_by_runs, gather_constants, index_runs
 from xnnguard.rewrite.views.expand import broadcast_form
 from xnnguard.rules.tagged import tag_of
 
@@ -131,11 +138,9 @@ class NearestUpsamplePass(NodeRewritePass):
         spatial, out = before.shape[2:], after.shape[2:]
         if not all(isinstance(s, int) for s in [*spatial, *out, before.shape[1]]):
             return "a dynamic spatial or channel size"
-        if any(o % s for s, o in zip(spatial, out)):
-            return "its output size is not an integer multiple of its input size"
         factors = [o // s for s, o in zip(spatial, out)]
-        if not _replicates(node, spatial, factors):
-            return "it does not pick the elements an integer replication picks (a scale other than the size ratio)"
+        if any(o % s for s, o in zip(spatial, out)) or not _replicates(node, spatial, factors):
+            return self._rewrite_as_gathers(graph_module, node, x, spatial)
         constants = stage_constants(spatial, factors, before.dtype)
 
         def replacement(v: torch.Tensor, *ones: torch.Tensor) -> torch.Tensor:
@@ -143,3 +148,70 @@ class NearestUpsamplePass(NodeRewritePass):
 
         replace_by(graph_module, node, replacement, [x, *constants])
         return None
+
+    @staticmethod
+    def _rewrite_as_gathers(
+        graph_module: torch.fx.GraphModule, node: torch.fx.Node, x: torch.fx.Node, spatial: Sequence[int]
+    ) -> str | None:
+        """Any other nearest upsampling (a size that is no multiple, a scale of its own): one gather by
+        constant indices per spatial dim, each as the slices and in-place repeats of its index runs."""
+        sources = _sources_per_dim(node, spatial)
+        if sources is None:
+            return "it does not pick its source elements dim by dim"
+        runs = {2 + d: index_runs(indices) for d, indices in enumerate(sources) if indices != list(range(spatial[d]))}
+        if any(len(r) > MAX_RUNS for r in runs.values()):
+            return f"its indices fall into more than {MAX_RUNS} runs along a dim"
+        value = x.meta["val"]
+        shape, constants, counts = list(value.shape), [], []
+        for dim, dim_runs in runs.items():  # the ones of each dim's repeats, at the sizes the dims before made
+            ones = gather_constants(shape, dim, dim_runs, value.dtype)
+            constants.extend(ones)
+            counts.append(len(ones))
+            shape[dim] = sum(count * repeat for _, count, repeat in dim_runs)
+
+        def replacement(v: torch.Tensor, *ones: torch.Tensor) -> torch.Tensor:
+            return _gathered(v, runs, ones, counts)
+
+        replace_by(graph_module, node, replacement, [x, *constants])
+        return None
+
+
+def _gathered(
+    x: torch.Tensor,
+    runs: dict[int, list[Run]],
+    ones: Sequence[torch.Tensor] | None = None,
+    counts: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """``x`` gathered along each dim of ``runs`` in turn (``ones``: each dim's constants, ``counts`` of them)."""
+    taken = 0
+    for i, (dim, dim_runs) in enumerate(runs.items()):
+        mine = None
+        if ones is not None and counts is not None:
+            mine, taken = ones[taken:taken + counts[i]], taken + counts[i]
+        x = gather_by_runs(x, dim, dim_runs, mine)
+    return x
+
+
+def _sources_per_dim(node: torch.fx.Node, spatial: Sequence[int]) -> list[list[int]] | None:
+    """The source index of each output position, per spatial dim, when the op picks its elements so
+    (as every nearest mode does), else None. Read from the op itself, run on each element's flat index."""
+    index = torch.arange(math.prod(spatial), dtype=torch.float64).reshape(1, 1, *spatial)
+    assert callable(node.target)
+    with torch.no_grad():
+        try:
+            picked = node.target(index, *node.args[1:], **node.kwargs)[0, 0].long()
+        except RuntimeError:
+            return None
+    sources: list[list[int]] = []
+    stride = math.prod(spatial)
+    for d, size in enumerate(spatial):
+        stride //= size
+        coordinate = (picked // stride) % size
+        line = coordinate[tuple(slice(None) if e == d else 0 for e in range(len(spatial)))]
+        shape = [-1 if e == d else 1 for e in range(len(spatial))]
+        if not torch.equal(coordinate, line.reshape(shape).expand_as(coordinate)):
+            return None
+        sources.append(line.tolist())
+    if not torch.equal(_gathered(index, {2 + d: index_runs(s) for d, s in enumerate(sources)})[0, 0].long(), picked):
+        return None
+    return sources

@@ -31,7 +31,7 @@ from xnnguard.rewrite.constants import constant_value
 from xnnguard.rewrite.views.base import AliasAwarePass, replace_by, view_sizes
 from xnnguard.rewrite.views.expand import broadcast_form
 
-__all__ = ["ConstantGatherPass", "gather_by_runs", "index_runs"]
+__all__ = ["MAX_RUNS", "ConstantGatherPass", "Run", "gather_by_runs", "gather_constants", "index_runs"]
 
 _aten = torch.ops.aten
 _INDEX = _aten.index.Tensor
@@ -61,21 +61,43 @@ def index_runs(indices: Sequence[int]) -> list[Run]:
     return runs
 
 
-def _repeated_in_place(x: torch.Tensor, dim: int, repeat: int) -> torch.Tensor:
-    """``x.repeat_interleave(repeat, dim)`` as a broadcasting multiply: each element's copies adjacent."""
+def _repeated_in_place(x: torch.Tensor, dim: int, repeat: int, ones: torch.Tensor | None = None) -> torch.Tensor:
+    """``x.repeat_interleave(repeat, dim)`` as a broadcasting multiply: each element's copies adjacent.
+
+    ``ones``: the constant it multiplies by (``gather_constants``); made here (a ``full`` op once traced,
+    which a later ``FoldConstantsPass`` folds) when not given.
+    """
     shape = list(x.shape)
     repeats = [repeat if d == dim else 1 for d in range(x.dim())]
-    view, ones = broadcast_form(shape, repeats, interleave=True)
+    view, ones_shape = broadcast_form(shape, repeats, interleave=True)
     shape[dim] = shape[dim] * repeat
-    return (x.reshape(view_sizes(view)) * torch.ones(ones, dtype=x.dtype)).reshape(view_sizes(shape))
+    factor = ones if ones is not None else torch.ones(ones_shape, dtype=x.dtype)
+    return (x.reshape(view_sizes(view)) * factor).reshape(view_sizes(shape))
 
 
-def gather_by_runs(x: torch.Tensor, dim: int, runs: Sequence[Run]) -> torch.Tensor:
-    """``x`` gathered along ``dim`` by the indices ``runs`` describe."""
+def gather_constants(shape: Sequence[int], dim: int, runs: Sequence[Run], dtype: torch.dtype) -> list[torch.Tensor]:
+    """The ``ones`` of each repeated run of ``gather_by_runs`` along ``dim`` of a tensor of ``shape``."""
+    constants = []
+    for _, count, repeat in runs:
+        if repeat != 1:
+            piece = [count if d == dim else size for d, size in enumerate(shape)]
+            _, ones_shape = broadcast_form(piece, [repeat if d == dim else 1 for d in range(len(shape))],
+                                           interleave=True)
+            constants.append(torch.ones(ones_shape, dtype=dtype))
+    return constants
+
+
+def gather_by_runs(
+    x: torch.Tensor, dim: int, runs: Sequence[Run], ones: Sequence[torch.Tensor] | None = None
+) -> torch.Tensor:
+    """``x`` gathered along ``dim`` by the indices ``runs`` describe (``ones``: ``gather_constants``)."""
     pieces = []
+    remaining = list(ones) if ones is not None else None
     for start, count, repeat in runs:
         piece = x if (start, count) == (0, x.shape[dim]) else x.narrow(dim, start, count)
-        pieces.append(piece if repeat == 1 else _repeated_in_place(piece, dim, repeat))
+        if repeat != 1:
+            piece = _repeated_in_place(piece, dim, repeat, remaining.pop(0) if remaining is not None else None)
+        pieces.append(piece)
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim)
 
 
