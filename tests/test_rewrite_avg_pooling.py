@@ -80,7 +80,9 @@ ADAPTIVE = {
 
 @pytest.mark.parametrize("precision", ["float", "fp16"])
 @pytest.mark.parametrize("name", list(ADAPTIVE))
-def test_an_adaptive_average_pooling_with_uneven_windows_is_in_the_one_delegate(name: str, precision: Precision) -> None:
+def test_an_adaptive_average_pooling_with_uneven_windows_is_in_the_one_delegate(
+    name: str, precision: Precision
+) -> None:
     """Fuzz seed 155: ``_adaptive_avg_pool2d`` has no 1.5.1 config and split the program in two."""
     build, shape = ADAPTIVE[name]
     torch.manual_seed(0)

@@ -4,7 +4,8 @@ nothing outside XNNPACK, and the numbers of eager PyTorch (float) or the convert
 Each idiom split real networks into several delegates (issue 32): Hugging Face's padding masks built from
 the input's shape, ``F.normalize``'s ``expand_as`` (Wan's RMS norm), gathers by computed indices (an
 upsampling to a skip connection's size), a channel softmax, a one-tensor ``cat``, ``contiguous()`` after a
-window partition, an integer scalar, a window merge or a patchify at the graph's edge. A softmax of a conv's
+window partition, an integer scalar, a window merge or a patchify at the graph's edge, a causal mask applied
+with ``masked_fill``. A softmax of a conv's
 output computed wrong numbers (ExecuTorch held it channels-last and normalized over the channels).
 """
 
@@ -183,6 +184,22 @@ class EightDimOutput(nn.Module):
         return self.linear(x).reshape(2, 2, 2, 2, 2, 1, 1, 8)
 
 
+class CausalMaskedFill(nn.Module):
+    """Hand-written causal attention (fuzz seed 194): ``scores.masked_fill(~tril, finfo.min)`` with a constant
+    mask; 1.5.1 left the ``where`` and its ``scalar_tensor`` between two delegates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(8, 24), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(-2, -1) * 8**-0.5
+        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+        return self.proj(scores.softmax(dim=-1) @ v)
+
+
 IDIOMS: dict[str, tuple[Callable[[], nn.Module], tuple[tuple[int, ...], ...]]] = {
     "Hugging Face padding mask": (HFPaddingMask, ((2, 6, 16),)),
     "boolean mask with a fully masked row": (MaskedRows, ((2, 5, 8),)),
@@ -196,6 +213,7 @@ IDIOMS: dict[str, tuple[Callable[[], nn.Module], tuple[tuple[int, ...], ...]]] =
     "patchify of the graph input": (PatchifyInput, ((1, 4, 4, 4, 3),)),
     "window merge at the graph output": (WindowMergeOutput, ((8, 8, 4),)),
     "8-D graph output": (EightDimOutput, ((2, 16, 8),)),
+    "causal mask by masked_fill": (CausalMaskedFill, ((2, 6, 8),)),
 }
 # What must stay outside: the one reshape that makes an 8-D graph output (not its requantization, in int8).
 LEFT = {"8-D graph output": {"view_copy": 1}}

@@ -20,6 +20,7 @@ from xnnguard.graph.ops import target_name
 from xnnguard.report import Rule
 from xnnguard.rewrite.rewrite_for_xnnpack import rewrite_for_xnnpack
 from xnnguard.rewrite.runner import run_passes
+from xnnguard.rewrite.views.constant_where import clamp_bounds, select_by_bounds
 from xnnguard.rewrite.views.expand import BroadcastViewsPass, repeat_by_broadcast
 from xnnguard.rewrite.views.inplace_updates import InPlaceSliceUpdatesPass
 from xnnguard.rewrite.views.matmul import MatmulAsBmmPass, einsum_as_bmm, parse_einsum
@@ -458,3 +459,15 @@ def test_a_mask_of_a_dynamic_token_count_filled_with_one_value_is_that_value_add
     for count in (6, 3, 17):
         x = torch.randn(2, count, count)
         torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], OneImageMask()(x), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min, 0.5])
+def test_a_selection_by_a_constant_mask_is_the_tensor_where_kept_and_the_fill_elsewhere_infinities_too(
+    fill: float,
+) -> None:
+    keep = torch.rand(5, 7) > 0.5
+    x = torch.randn(3, 5, 7)
+    x[0, 0, :] = float("inf")
+    x[1, 1, :] = float("-inf")
+    low, high = clamp_bounds(keep, torch.tensor(fill), x.shape, x.dtype)
+    assert torch.equal(select_by_bounds(x, low, high), torch.where(keep, x, torch.tensor(fill)))

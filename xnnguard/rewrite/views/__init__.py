@@ -5,8 +5,8 @@ constant in-place mask building out first) and before the 3-D and rank rewrites.
 
 1. in-place slice updates become slices and ``cat`` first, so the later passes see functional views;
 2. the single-view rewrites (``select``/``squeeze``/``unbind``/``split``..., strided slices, ``roll``,
-   gathers by constant indices, ``expand``/``repeat``, batched ``matmul``/``einsum``), which do not depend
-   on one another;
+   gathers by constant indices, selections by a constant mask, ``expand``/``repeat``, batched
+   ``matmul``/``einsum``), which do not depend on one another;
 3. constant folding again: the rewrites expose constants of their own (the permuted constant operand
    of an einsum, the ``ones`` of a broadcast read by another constant).
 """
@@ -17,6 +17,7 @@ from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.rewrite.fold.fold_constants import FoldConstantsPass
 from xnnguard.rewrite.views.constant_gather import ConstantGatherPass
+from xnnguard.rewrite.views.constant_where import ConstantWherePass
 from xnnguard.rewrite.views.expand import BroadcastViewsPass
 from xnnguard.rewrite.views.inplace_updates import InPlaceSliceUpdatesPass
 from xnnguard.rewrite.views.matmul import MatmulAsBmmPass
@@ -27,6 +28,7 @@ from xnnguard.rewrite.views.strided_slice import StridedSliceAsReshapePass
 __all__ = [
     "BroadcastViewsPass",
     "ConstantGatherPass",
+    "ConstantWherePass",
     "InPlaceSliceUpdatesPass",
     "MatmulAsBmmPass",
     "RollAsSlicesPass",
@@ -44,6 +46,7 @@ def passes() -> list[PassBase]:
         StridedSliceAsReshapePass(),
         RollAsSlicesPass(),
         ConstantGatherPass(),
+        ConstantWherePass(),
         BroadcastViewsPass(),
         MatmulAsBmmPass(),
         FoldConstantsPass(),
