@@ -18,12 +18,14 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
     XNNPACKQuantizer as StockXNNPACKQuantizer,
     get_symmetric_quantization_config,
 )
+from torch import nn
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 from torchao.quantization.pt2e.quantizer import ComposableQuantizer
 
+from testbed.flow import lower_and_run
 from testbed.lowered import lower, run_pte
 from testbed.quantize import quantize_pt2e
-from xnnguard import XnnpackPartitioner
+from xnnguard import XnnpackPartitioner, rewrite_for_xnnpack
 from xnnguard.quantizer import QuantizedConv3dError, XNNPACKQuantizer
 from xnnguard.report import Rule
 
@@ -154,6 +156,9 @@ def test_3d_convolutions_stay_float_while_their_2d_twins_are_quantized(
     assert counts == {2: quantized_2d, 3: {}}
 
 
+# Slow (20-40 s of torchao's QAT tracing, twice in CI): the 3-D conv staying float is checked in PTQ above, and
+# QAT's annotation goes through the same filter (XNNPACKQuantizer.config_filter).
+@pytest.mark.slow
 def test_a_3d_convolution_with_batch_norm_and_relu_stays_float_in_qat() -> None:
     # In QAT the batch norm is not folded before annotation; 1.5.1 quantizes such a conv3d on its own.
     inputs = _inputs(*INPUT_3D)
@@ -320,3 +325,29 @@ def test_the_3d_program_has_no_quantize_or_dequantize_around_its_convolutions() 
     assert lowered.outside_ops()["convolution"] == 2
     assert sorted(op for op in every_op if "quantize" in op or "choose_qparams" in op) == []
     _load_for_executorch_from_buffer(lowered.buffer)
+
+
+class OneChannelUpsampler(nn.Module):
+    """Fuzz seed 179: a ConvTranspose3d of one input channel, which ``rewrite_for_xnnpack`` writes as a 2-D
+    transposed conv of one input channel (depthwise to XNNPACK, which runs none dynamically quantized)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose3d(1, 8, kernel_size=(1, 3, 3), stride=(1, 1, 2), dilation=(1, 2, 1))
+        self.pool = nn.AdaptiveMaxPool3d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.up(x))  # no ReLU: the conv alone is the pattern a dynamic config annotates
+
+
+def test_a_conv_xnnpack_runs_no_dynamically_quantized_stays_float_on_xnnpack_with_a_record() -> None:
+    """The quantizer quantized it dynamically all the same, and 1.5.1's conv config then refused it: the conv
+    and its q/dq ran on portable kernels between two delegates."""
+    torch.manual_seed(179)
+    model, x = OneChannelUpsampler().eval(), torch.randn(1, 1, 1, 10, 6)
+    run = lower_and_run(model, (x,), "dynamic int8")
+    assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
+    prepare_pt2e(rewrite_for_xnnpack(torch.export.export(model, (x,))).module(), quantizer)  # annotates
+    assert {record.rule for record in quantizer.report} == {Rule.DYNAMIC_CONV_KIND}, quantizer.report

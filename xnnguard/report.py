@@ -33,6 +33,7 @@ class Rule(str, Enum):
     QUANTIZATION_MATCH = "quantization_match"  # xnnguard.rules.quantization_match: taken float, delegated
     EXTRA_ROUNDING = "extra_rounding"  # a rewritten form that, quantized, rounds where the original does not
     INT4_WEIGHT_BLOCKS = "int4_weight_blocks"  # xnnguard.recipes.int4_linears: int8 weights, not int4
+    DYNAMIC_CONV_KIND = "dynamic_conv_kind"  # xnnguard.rules.dynamic_conv_kind: left float by a dynamic config
     NO_XNNPACK_EQUIVALENT = "no_xnnpack_equivalent"  # xnnguard.rules.no_equivalent: no XNNPACK node computes it
     NO_XNNPACK_CONFIG = "no_xnnpack_config"  # xnnguard.partition.outside: ExecuTorch has no XNNPACK config for the op
     XNNPACK_CONFIG = "xnnpack_config"  # xnnguard.partition.outside: ExecuTorch's XNNPACK config refused it

@@ -29,9 +29,13 @@ class ConfigFilteringQuantizer(_Stock):
     """The stock quantizer, where a subclass decides which nodes each config may annotate."""
 
     def config_filter(
-        self, filter_fn: NodeFilter | None, operator_target: torch._ops.OpOverloadPacket | None
+        self,
+        filter_fn: NodeFilter | None,
+        operator_target: torch._ops.OpOverloadPacket | None,
+        quantization_config: QuantizationConfig | None = None,
     ) -> NodeFilter | None:
-        """The filter a config is applied with (the stock one: ``filter_fn``); None: the config reaches nothing."""
+        """The filter ``quantization_config`` is applied with (the stock one: ``filter_fn``); None: the
+        config reaches nothing."""
         return filter_fn
 
     def _annotate_all_patterns(
@@ -41,7 +45,7 @@ class ConfigFilteringQuantizer(_Stock):
         filter_fn: NodeFilter | None = None,
         operator_target: torch._ops.OpOverloadPacket | None = None,
     ) -> GraphModule:
-        chosen = self.config_filter(filter_fn, operator_target)
+        chosen = self.config_filter(filter_fn, operator_target, quantization_config)
         if chosen is None:
             return model
         return super()._annotate_all_patterns(model, quantization_config, chosen, operator_target)

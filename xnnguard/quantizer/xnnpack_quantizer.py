@@ -52,6 +52,7 @@ from xnnguard.quantizer.rewritten_ops import (
 from xnnguard.quantizer.shared_quantization import share_input_quantization
 from xnnguard.report import KeptOut, Rule
 from xnnguard.rules.conv3d import ConvKind, conv3d_kind, is_3d_convolution, is_3d_convolution_operator
+from xnnguard.rules.dynamic_conv_kind import dynamic_quantization_refuses
 
 __all__ = ["QuantizedConv3dError", "XNNPACKQuantizer"]
 
@@ -116,8 +117,7 @@ class XNNPACKQuantizer(ConfigFilteringQuantizer):
         tables = ("operator_type_config", "module_type_config", "module_name_config")
         configs = [self.global_config, *(c for table in tables for c in getattr(self, table, {}).values())]
         given = [config for config in configs if config is not None]
-        return bool(given) and all(config.input_activation is not None and config.input_activation.is_dynamic
-                                   for config in given)
+        return bool(given) and all(_is_dynamic(config) for config in given)
 
     def annotate(self, model: GraphModule) -> GraphModule:
         """The stock annotation, with every 3-D convolution left float and listed in ``left_in_float``.
@@ -145,7 +145,7 @@ class XNNPACKQuantizer(ConfigFilteringQuantizer):
         kinds = ((node, conv3d_kind(node)) for node in model.graph.nodes)
         left = [_left_in_float(node, kind) for node, kind in kinds if kind is not None]
         notes = rounding_notes(model)
-        self.report = left + notes
+        self.report = left + _dynamic_kinds_left_float(model) + notes
         names = ", ".join(record.node for record in left) or "none"
         noun = "convolution" if len(left) == 1 else "convolutions"
         logger.info("xnnguard: %d 3-D %s left in float (%s)", len(left), noun, names)
@@ -154,27 +154,48 @@ class XNNPACKQuantizer(ConfigFilteringQuantizer):
         return model
 
     def config_filter(
-        self, filter_fn: NodeFilter | None, operator_target: torch._ops.OpOverloadPacket | None
+        self,
+        filter_fn: NodeFilter | None,
+        operator_target: torch._ops.OpOverloadPacket | None,
+        quantization_config: QuantizationConfig | None = None,
     ) -> NodeFilter | None:
-        """Every config (``set_global``, ``set_operator_type``, ...) with 3-D convolutions filtered out."""
+        """Every config (``set_global``, ``set_operator_type``, ...) with 3-D convolutions filtered out, and a
+        dynamic one with the convolutions XNNPACK does not run dynamically quantized too."""
         if operator_target is not None and is_3d_convolution_operator(operator_target):
             return None  # the config is meant for 3-D convolutions, which stay float: it must reach no other node
-        return _refusing_3d_convolutions(filter_fn)
+        dynamic = quantization_config is not None and _is_dynamic(quantization_config)
+        return _refusing_3d_convolutions(filter_fn, refuse_dynamic_kinds=dynamic)
 
 
-def _refusing_3d_convolutions(filter_fn: NodeFilter | None) -> NodeFilter:
-    """``filter_fn``, except that it refuses every 3-D convolution.
+def _is_dynamic(config: QuantizationConfig) -> bool:
+    return config.input_activation is not None and bool(config.input_activation.is_dynamic)
+
+
+def _refusing_3d_convolutions(filter_fn: NodeFilter | None, *, refuse_dynamic_kinds: bool = False) -> NodeFilter:
+    """``filter_fn``, except that it refuses every 3-D convolution (and with ``refuse_dynamic_kinds`` every
+    convolution XNNPACK does not run dynamically quantized, ``xnnguard.rules.dynamic_conv_kind``).
 
     The stock annotators ask the filter about the nodes of a pattern, its convolution among them, before
     annotating any of them: one refusal leaves the whole pattern (with its fused ReLU) float.
     """
 
     def accepts(node: Node) -> bool:
-        if is_3d_convolution(node):
+        if is_3d_convolution(node) or (refuse_dynamic_kinds and dynamic_quantization_refuses(node) is not None):
             return False
         return filter_fn is None or filter_fn(node)
 
     return accepts
+
+
+def _dynamic_kinds_left_float(model: GraphModule) -> list[KeptOut]:
+    """A record for each convolution a dynamic config reached but XNNPACK does not run so: it stayed float."""
+    records = []
+    for node in model.graph.nodes:
+        reason = dynamic_quantization_refuses(node)
+        if reason is None or is_3d_convolution(node) or _is_quantized(node):
+            continue
+        records.append(KeptOut(node.name, str(node.target), Rule.DYNAMIC_CONV_KIND, f"left in float: {reason}"))
+    return records
 
 
 def _is_quantized(node: Node) -> bool:

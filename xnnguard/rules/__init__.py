@@ -11,6 +11,8 @@
 * ``quantized_pad``, ``dynamic_conv_source``, ``dynamic_linear_layout``, ``quantization_match``: what an
   int8 match needs;
 * ``no_equivalent``: what no XNNPACK node computes (integer tensors, gathers by run-time indices);
+* ``dynamic_conv_kind``: the convolutions XNNPACK runs dynamically quantized (2-D, not depthwise), which
+  ``xnnguard.XNNPACKQuantizer`` asks (the partitioner has ExecuTorch's config for it);
 * ``keep_out``: ``keep_out_reason``, the one function the tag passes, the partitioner and the
   rewrites ask about a node.
 

@@ -60,6 +60,7 @@ OTHER_RECORDS: dict[Rule, str] = {
     Rule.NOT_REWRITTEN: "xnnguard.rewrite: an op XNNPACK has no kernel for that a rewrite left as it was",
     Rule.EXTRA_ROUNDING: "xnnguard.quantizer: a rewritten form that, quantized, rounds where the original does not",
     Rule.INT4_WEIGHT_BLOCKS: "xnnguard.recipes.int4_linears: a linear XNNPACK takes no int4 weights for gets int8 ones",
+    Rule.DYNAMIC_CONV_KIND: "xnnguard.quantizer: a conv XNNPACK runs no dynamically quantized stays float",
     Rule.NO_XNNPACK_CONFIG: "xnnguard.partition.outside: ExecuTorch has no XNNPACK config for the operator",
     Rule.XNNPACK_CONFIG: "xnnguard.partition.outside: ExecuTorch's XNNPACK config refused the node",
 }
