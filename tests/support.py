@@ -35,6 +35,14 @@ def dynamic_int8_in_slow_tier(modes: Sequence[str]) -> list[Any]:
     return [pytest.param(mode, marks=pytest.mark.slow) if "dynamic" in mode else mode for mode in modes]
 
 
+def rows_in_slow_tier(values: Sequence[Any], slow: Sequence[Any], ids: Sequence[str] | None = None) -> list[Any]:
+    """``values`` as parameters, those in ``slow`` in the slow tier (each caller says why, and where the
+    behaviour stays covered in the default tier)."""
+    names = list(ids) if ids is not None else [None] * len(values)
+    return [pytest.param(value, marks=pytest.mark.slow if value in slow else (), id=name)
+            for value, name in zip(values, names, strict=True)]
+
+
 def own_records(records: Sequence[KeptOut]) -> list[KeptOut]:
     """The records of xnnguard's own rules: without those giving ExecuTorch's reason for the other nodes outside."""
     return [record for record in records if record.rule not in STOCK_RULES]

@@ -30,13 +30,14 @@ INT8_KINDS = ("s3d", "r2plus1d", "video_vae", "videomae", "qwen_vision")
 # Dynamic int8: the video VAE, whose convs read RMS norms (a gain of shape (C, 1, 1)) behind frame folds,
 # the inputs 1.5.1 lays out wrong for a dynamically quantized conv (xnnguard.rules.dynamic_conv_source).
 DYNAMIC_INT8_KINDS = ("video_vae",)
-# The float kinds that take 14-25 s each (CI's 20 minutes): in the slow tier. The default tier keeps a 3-D
-# CNN of each build (R(2+1)D, S3D, a 3-D UNet with group norms), the video VAE and two transformer towers;
+# The float kinds that take 14-35 s each (CI's 20 minutes): in the slow tier. The default tier keeps a 3-D
+# CNN of each build (R(2+1)D, S3D) and two transformer towers; the 3-D UNet with group norms and the video VAE
+# have their blocks in test_float16 and test_partitioner_traps;
 # MViT's pooling (test_rewrite_pool3d, test_rewrite_views), Swin3D's windows (test_reduce_rank), Hiera's mask
 # units (test_partitioner_merge, test_rewrite_reduce) and the Wan decoder's idioms (test_rewrite_idioms) have
 # small tests of their own. The dynamic-int8 VAE is slow too: its rule fires in test_rule_registry, and a
 # dynamically quantized conv reading a reshape runs in test_rewrite_upsample's 2-D dynamic row.
-SLOW_FLOAT_KINDS = ("mvit", "swin3d", "unet3d", "hiera", "wan_vae")
+SLOW_FLOAT_KINDS = ("mvit", "swin3d", "unet3d", "unet3d_gn", "video_vae", "hiera", "wan_vae")
 PROGRAMS = ([pytest.param(name, "float", id=f"{name}-float", marks=pytest.mark.slow if name in SLOW_FLOAT_KINDS else ())
              for name in KINDS]
             + [pytest.param(name, "static", id=f"{name}-static", marks=pytest.mark.slow) for name in INT8_KINDS]

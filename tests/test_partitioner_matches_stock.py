@@ -84,7 +84,12 @@ def _partitions(edge: EdgeProgramManager) -> list[list[str]]:
     )
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# The ViT's int8 rows take 15-20 s each: slow; the CNN and linear int8 rows check the same partitioning.
+SLOW = ("vit-static_int8", "vit-dynamic_int8")
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow if case in SLOW else ())
+                                  for case in CASES])
 def test_xnnguards_partitions_are_the_stock_partitions_where_no_rule_fires(case: str) -> None:
     torch.manual_seed(0)
     model_cls, shape, quantization = CASES[case]
