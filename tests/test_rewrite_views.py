@@ -471,3 +471,35 @@ def test_a_selection_by_a_constant_mask_is_the_tensor_where_kept_and_the_fill_el
     x[1, 1, :] = float("-inf")
     low, high = clamp_bounds(keep, torch.tensor(fill), x.shape, x.dtype)
     assert torch.equal(select_by_bounds(x, low, high), torch.where(keep, x, torch.tensor(fill)))
+
+
+class ClassTokenViT(torch.nn.Module):
+    """A ViT's class token, ``token.expand(B, -1, -1)`` concatenated before the patches (fuzz seeds 163, 171,
+    187 under a dynamic batch: the ``expand_copy`` had no XNNPACK form and split the program)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.token = torch.nn.Linear(12, 8), torch.nn.Parameter(torch.randn(1, 1, 8))
+        self.head = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        patches = self.embed(x)
+        tokens = torch.cat([self.token.expand(x.shape[0], -1, -1), patches], dim=1)
+        return self.head(tokens)
+
+
+def test_a_class_token_expanded_to_a_dynamic_batch_is_in_the_one_delegate_at_every_batch() -> None:
+    torch.manual_seed(0)
+    model, x = ClassTokenViT().eval(), torch.randn(2, 5, 12)
+    x[0, 0, 0] = float("inf")  # the token's batch size is read from the input's first elements: infinities too
+    batch = ({0: torch.export.Dim("batch", min=1, max=16)},)
+    ep = rewrite_for_xnnpack(torch.export.export(model, (x,), dynamic_shapes=batch), strict=True)
+    lowered = lower(ep, (x,), xnnguard.XnnpackPartitioner())
+    assert lowered.num_delegates == 1 and set(lowered.outside_ops()) <= {"sym_size"}, lowered.outside_ops()
+    for size in (2, 7, 1):
+        inputs = torch.randn(size, 5, 12)
+        inputs[-1, 0, 0] = float("-inf")
+        got, want = run_pte(lowered.buffer, (inputs,))[0], model(inputs)
+        torch.testing.assert_close(got[:, 0], want[:, 0], atol=1e-5, rtol=1e-5)  # the token rows
+    clean = torch.randn(3, 5, 12)
+    torch.testing.assert_close(run_pte(lowered.buffer, (clean,))[0], model(clean), atol=1e-5, rtol=1e-5)

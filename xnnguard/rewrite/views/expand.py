@@ -1,9 +1,10 @@
 """``expand``, ``repeat`` and ``repeat_interleave`` as broadcasts XNNPACK runs.
 
-Invariant established: no ``expand`` (or ``expand_as``) is left except one whose broadcast dims have dynamic
-sizes or whose tensor is not floating-point, no ``fill`` of a tensor nothing else reads whose readers are all
-broadcasting binary ops that broadcast its value to their own output, and no ``repeat`` /
-``repeat_interleave`` (by an int) with static shapes and a floating-point tensor. ExecuTorch 1.5.1's XNNPACK
+Invariant established: no ``expand`` (or ``expand_as``) is left except one whose tensor is not
+floating-point or that broadcasts along a dynamic size no graph input of its dtype carries (or along two),
+no ``fill`` of a tensor nothing else reads whose readers are all broadcasting binary ops that broadcast its
+value to their own output, and no ``repeat`` / ``repeat_interleave`` (by an int) with static shapes and a
+floating-point tensor. ExecuTorch 1.5.1's XNNPACK
 partitioner has no config for ``expand_copy``, ``repeat`` or ``fill``: they ran on the portable kernels,
 between delegates.
 
@@ -17,6 +18,11 @@ The forms:
   that covers it, added to the scores, is the one value added to them);
 * any other expand is ``reshape(x) * ones``, the ``ones`` constant 1 except along the broadcast dims:
   XNNPACK's multiply broadcasts;
+* an expand along one dynamic dim (a ViT's class token to a dynamic batch; fuzz seeds 163, 171, 187) takes
+  that size from a graph input that has it: one element of the input per index of that dim, ``s``, and
+  ``minimum(maximum(s, x), x)``, which is ``x`` broadcast to ``s``'s size wherever ``s`` holds a number
+  (infinities too; a NaN among those input elements would give NaN there). XNNPACK has no broadcast node,
+  but its binary ops size their output from their inputs at run time;
 * ``repeat(x, r)`` along dim ``d`` is ``x`` viewed with a new size-1 dim in front of ``d``, multiplied by
   ``ones`` of size ``r`` there, then reshaped: copy ``k`` of the tensor is the k-th slice of the new dim,
   which is what ``repeat`` lays out. Adjacent dims that are not repeated merge, so the broadcast stays
@@ -38,7 +44,7 @@ import torch
 
 from xnnguard.graph.args import int_arg, int_list
 from xnnguard.graph.broadcast import broadcasts_in_place_of
-from xnnguard.graph.shapes import dynamic_broadcast_dim, tensor_value
+from xnnguard.graph.shapes import dynamic_broadcast_dim, same_size, tensor_value
 from xnnguard.report import Rule
 from xnnguard.rewrite.views.base import AliasAwarePass, replace_by, view_sizes
 
@@ -177,7 +183,7 @@ class BroadcastViewsPass(AliasAwarePass):
         if not before.dtype.is_floating_point:
             return f"a {before.dtype} tensor (XNNPACK multiplies floating-point ones)"
         if dynamic_broadcast_dim(before.shape, after.shape) is not None:
-            return "it broadcasts along a dynamic dim"  # xnnguard.rules.no_equivalent names it the floor
+            return _dynamic_expand(graph_module, node, x, before, after)
         rank = after.dim()
         aligned = [1] * (rank - before.dim()) + list(before.shape)
         ones_shape = [int(large) if isinstance(small, int) and small == 1 else 1
@@ -190,3 +196,66 @@ class BroadcastViewsPass(AliasAwarePass):
 
         replace_by(graph_module, node, replacement, [x, ones])
         return None
+
+
+def _size_source(
+    graph_module: torch.fx.GraphModule, size: int | torch.SymInt, dtype: torch.dtype
+) -> tuple[torch.fx.Node, int] | None:
+    """A graph input of ``dtype`` with a dim of ``size`` (the same symbol), and that dim: where the run-time
+    size is read (of the same dtype: a conversion would run outside XNNPACK)."""
+    for placeholder in graph_module.graph.find_nodes(op="placeholder"):
+        value = tensor_value(placeholder)
+        if value is None or value.dtype != dtype:
+            continue
+        for dim, candidate in enumerate(value.shape):
+            if same_size(candidate, size):
+                return placeholder, dim
+    return None
+
+
+def sized_like(source: torch.Tensor, dim: int, rank: int, at: int) -> torch.Tensor:
+    """One element of ``source`` per index of its ``dim``, viewed at dim ``at`` of ``rank`` size-1 dims."""
+    piece = source
+    for d in range(source.dim()):
+        if d != dim:
+            piece = piece.narrow(d, 0, 1)
+    sizes = [1] * rank
+    sizes[at] = -1
+    return piece.reshape(sizes)
+
+
+def broadcast_to_source(value: torch.Tensor, sized: torch.Tensor) -> torch.Tensor:
+    """``value`` broadcast along ``sized``'s run-time dim: ``minimum(maximum(sized, value), value)`` is
+    ``value`` wherever ``sized`` holds a number, finite or infinite."""
+    return torch.minimum(torch.maximum(sized, value), value)
+
+
+def _dynamic_expand(
+    graph_module: torch.fx.GraphModule, node: torch.fx.Node, x: torch.fx.Node, before: torch.Tensor, after: torch.Tensor
+) -> str | None:
+    """An expand along one dynamic dim (a class token to a dynamic batch), sized by the graph input that
+    carries that size: XNNPACK has no broadcast node, but its binary ops take their run-time size from an
+    input (``broadcast_to_source``; a NaN in the input's first elements would give NaN there)."""
+    lead = after.dim() - before.dim()
+    aligned = [1] * lead + list(before.shape)
+    dynamic = [d for d, (small, large) in enumerate(zip(aligned, after.shape))
+               if isinstance(small, int) and small == 1 and not isinstance(large, int)]
+    if len(dynamic) != 1:
+        return "it broadcasts along several dynamic dims (each XNNPACK reshape infers one)"
+    (at,) = dynamic
+    found = _size_source(graph_module, after.shape[at], before.dtype)
+    if found is None:
+        return f"it broadcasts along a dynamic dim no {before.dtype} graph input carries"
+    source, dim = found
+    ones_shape = [int(large) if isinstance(small, int) and small == 1 and d != at else 1
+                  for d, (small, large) in enumerate(zip(aligned, after.shape))]
+    ones = [torch.ones(ones_shape, dtype=before.dtype)] if any(size != 1 for size in ones_shape) else []
+
+    def replacement(v: torch.Tensor, src: torch.Tensor, *ones_: torch.Tensor) -> torch.Tensor:
+        static = v.reshape(view_sizes([1] * lead + list(v.shape)))
+        if ones_:
+            static = static * ones_[0]
+        return broadcast_to_source(static, sized_like(src, dim, after.dim(), at))
+
+    replace_by(graph_module, node, replacement, [x, source, *ones])
+    return None
