@@ -28,7 +28,7 @@ from xnnguard.report import Rule
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import user_kept_out
-from xnnguard.rewrite.reduce.adaptive_max import adaptive_windows
+from xnnguard.rewrite.reduce.adaptive_max import adaptive_output_size, adaptive_windows
 
 __all__ = ["RewriteAdaptiveAvgPoolPass", "adaptive_avg_form", "pooling_matrix"]
 
@@ -58,16 +58,6 @@ def adaptive_avg_form(x: torch.Tensor, dims: tuple[int, ...], *matrices: torch.T
     return x.contiguous()
 
 
-def _output_size(node: torch.fx.Node, x: torch.Tensor, pooled: int) -> tuple[int, ...] | None:
-    size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
-    sizes = list(size) if isinstance(size, (list, tuple)) else [size] * pooled
-    if len(sizes) != pooled:
-        return None
-    resolved = [x.shape[x.dim() - pooled + i] if s is None else s for i, s in enumerate(sizes)]
-    static = [s for s in resolved if isinstance(s, int) and s > 0]
-    return tuple(static) if len(static) == pooled else None
-
-
 def _uneven(node: torch.fx.Node) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(pooled lengths, output size) of an adaptive average pooling with an uneven dim, else None."""
     if node.op != "call_function" or node.target not in _POOLED_DIMS:
@@ -77,7 +67,7 @@ def _uneven(node: torch.fx.Node) -> tuple[tuple[int, ...], tuple[int, ...]] | No
     if x is None or x.dim() not in (pooled + 1, pooled + 2):
         return None
     lengths = tuple(x.shape[-pooled:])
-    size = _output_size(node, x, pooled)
+    size = adaptive_output_size(node, x, pooled)
     if size is None or not all(isinstance(length, int) for length in lengths):
         return None
     if all(length % out == 0 for length, out in zip(lengths, size, strict=True)):

@@ -28,7 +28,7 @@ from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import user_kept_out
 
-__all__ = ["RewriteAdaptiveMaxPoolPass", "adaptive_max_form", "adaptive_windows"]
+__all__ = ["RewriteAdaptiveMaxPoolPass", "adaptive_max_form", "adaptive_output_size", "adaptive_windows"]
 
 _aten = torch.ops.aten
 
@@ -60,7 +60,9 @@ def adaptive_max_form(x: torch.Tensor, output_size: tuple[int, ...]) -> torch.Te
     return x.contiguous()
 
 
-def _output_size(node: torch.fx.Node, x: torch.Tensor, pooled: int) -> tuple[int, ...] | None:
+def adaptive_output_size(node: torch.fx.Node, x: torch.Tensor, pooled: int) -> tuple[int, ...] | None:
+    """The static output size of an adaptive pooling over ``pooled`` trailing dims of ``x`` (None kept at the
+    input's size), or None when it is not static."""
     size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
     sizes = list(size) if isinstance(size, (list, tuple)) else [size] * pooled
     if len(sizes) != pooled:
@@ -95,7 +97,7 @@ class RewriteAdaptiveMaxPoolPass(NodeRewritePass):
             return f"its input is not a {pooled + 1}-D or {pooled + 2}-D tensor"
         if not all(isinstance(s, int) for s in value.shape[-pooled:]):
             return f"dynamic pooled dims {tuple(value.shape[-pooled:])}: its windows need static sizes"
-        size = _output_size(node, value, pooled)
+        size = adaptive_output_size(node, value, pooled)
         if size is None:
             return "its output size is not static"
         output = splice_before(graph_module, node, lambda x_: adaptive_max_form(x_, size), [x])
