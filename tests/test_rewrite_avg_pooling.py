@@ -75,15 +75,16 @@ def test_a_2d_average_pooling_the_stock_config_refuses_is_in_the_one_delegate(na
 ADAPTIVE = {
     "2-D to 3 x 4 (an ImageNet head's 7 x 7 on a smaller input)": (lambda: nn.AdaptiveAvgPool2d((3, 4)), (2, 3, 7, 9)),
     "2-D, one dim kept": (lambda: nn.AdaptiveAvgPool2d((None, 4)), (2, 3, 7, 9)),
+    "2-D to an even grid (fuzz seed 21)": (lambda: nn.AdaptiveAvgPool2d((6, 2)), (1, 3, 12, 6)),
 }
 
 
 @pytest.mark.parametrize("precision", ["float", "fp16"])
 @pytest.mark.parametrize("name", list(ADAPTIVE))
-def test_an_adaptive_average_pooling_with_uneven_windows_is_in_the_one_delegate(
+def test_an_adaptive_average_pooling_other_than_global_is_in_the_one_delegate(
     name: str, precision: Precision
 ) -> None:
-    """Fuzz seed 155: ``_adaptive_avg_pool2d`` has no 1.5.1 config and split the program in two."""
+    """Fuzz seeds 21, 155: ``_adaptive_avg_pool2d`` has no 1.5.1 config and split the program in two."""
     build, shape = ADAPTIVE[name]
     torch.manual_seed(0)
     run = lower_and_run(ConvPool(build()).eval(), (torch.randn(shape),), precision)
@@ -113,7 +114,8 @@ def test_an_adaptive_3d_average_pooling_with_uneven_windows_runs_on_xnnpack() ->
 @pytest.mark.parametrize(
     "pooling",
     [pytest.param(lambda: _avg_pool("ceil mode with a padding it counts"), id="ceil-mode"),
-     pytest.param(lambda: nn.AdaptiveAvgPool2d((3, 4)), id="adaptive-uneven")],
+     pytest.param(lambda: nn.AdaptiveAvgPool2d((3, 4)), id="adaptive-uneven"),
+     pytest.param(lambda: nn.AdaptiveAvgPool2d((7, 3)), id="adaptive-even")],
 )
 def test_a_rewritten_average_pooling_in_static_int8_is_delegated_within_two_steps_of_the_original_quantized(
     pooling: object,

@@ -1,17 +1,17 @@
-"""Adaptive average pooling with uneven windows as linears against constant pooling matrices, which XNNPACK runs.
+"""Adaptive average pooling over (H, W), and with uneven windows over (D, H, W), in forms XNNPACK runs.
 
-Invariant established: no ``adaptive_avg_pool2d`` or ``adaptive_avg_pool3d`` over static pooled dims, one of
-which its output size does not divide, is left. Where every size divides, the windows are those of an
-average pooling: ``to_edge`` writes the 2-D one as ``avg_pool2d`` and ``RewritePool3dPass`` the 3-D one
-as 2-D poolings. Where one does not, nothing did: ``_adaptive_avg_pool2d`` has no ExecuTorch 1.5.1
-XNNPACK config and ran on portable kernels between two delegates (fuzz seed 155, stock too), and the
-3-D one has no kernel at all.
+Invariant established: no ``adaptive_avg_pool2d`` over static (H, W) to a grid other than 1 x 1 (which
+PyTorch computes as a mean) and no ``adaptive_avg_pool3d`` over static dims, one of which its output size
+does not divide, is left. ExecuTorch 1.5.1 has no XNNPACK config for ``_adaptive_avg_pool2d``, so it
+ran on portable kernels between two delegates (fuzz seeds 21 and 155, stock too); the 3-D one has no
+kernel at all (an even one ``RewritePool3dPass`` writes as 2-D poolings).
 
-Adaptive average pooling is separable: output cell ``i`` of a dim of length ``L`` pooled to ``n`` is the
-mean over ``[floor(i L / n), ceil((i + 1) L / n))``, one window per dim, so the pooling is one
-``linear`` per pooled dim against an ``(n, L)`` matrix of ``1 / window length`` over each window (the
-dim moved last for it and back). Exact up to float rounding: the same elements summed in another order,
-each weight rounded once.
+Where the output size divides the input's along both dims, the windows are those of an average pooling
+with kernel and stride ``L / n``: ``avg_pool2d`` in the one form 1.5.1's ``AvgPoolingConfig`` takes.
+Otherwise the pooling is separable: output cell ``i`` of a dim of length ``L`` pooled to ``n`` is the mean
+over ``[floor(i L / n), ceil((i + 1) L / n))``, one window per dim, so it is one ``linear`` per pooled dim
+against an ``(n, L)`` matrix of ``1 / window length`` over each window (the dim moved last for it and
+back). Exact up to float rounding: the same elements summed in another order, each weight rounded once.
 
 int8: the stock XNNPACK quantizer quantizes ``adaptive_avg_pool2d`` as a share op (its output at its
 input's scale); the pieces stay float and their result takes its input's quantization
@@ -58,8 +58,9 @@ def adaptive_avg_form(x: torch.Tensor, dims: tuple[int, ...], *matrices: torch.T
     return x.contiguous()
 
 
-def _uneven(node: torch.fx.Node) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(pooled lengths, output size) of an adaptive average pooling with an uneven dim, else None."""
+def _picked(node: torch.fx.Node) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(pooled lengths, output size) of an adaptive average pooling this pass rewrites, else None: a 2-D one
+    that is not global, a 3-D one with an uneven dim, over static pooled dims."""
     if node.op != "call_function" or node.target not in _POOLED_DIMS:
         return None
     pooled = _POOLED_DIMS[node.target]
@@ -70,31 +71,38 @@ def _uneven(node: torch.fx.Node) -> tuple[tuple[int, ...], tuple[int, ...]] | No
     size = adaptive_output_size(node, x, pooled)
     if size is None or not all(isinstance(length, int) for length in lengths):
         return None
-    if all(length % out == 0 for length, out in zip(lengths, size, strict=True)):
+    even = all(length % out == 0 for length, out in zip(lengths, size, strict=True))
+    if (pooled == 3 and even) or all(out == 1 for out in size):  # RewritePool3dPass's; a mean
         return None
     return tuple(int(length) for length in lengths), size
 
 
 class RewriteAdaptiveAvgPoolPass(NodeRewritePass):
-    """Replaces each adaptive average pooling with an uneven dim by one linear per pooled dim."""
+    """Replaces each such adaptive average pooling by an average pooling (even windows) or linears."""
 
     rule = Rule.NOT_REWRITTEN
     subject = "adaptive average pooling"
     pieces_stay_float = True  # and the result keeps its input's quantization: shares_input_quantization
 
     def picks(self, node: torch.fx.Node) -> bool:
-        return _uneven(node) is not None and not user_kept_out(node)
+        return _picked(node) is not None and not user_kept_out(node)
 
     def shares_input_quantization(self, node: torch.fx.Node) -> bool:
         return True
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
-        found = _uneven(node)
+        found = _picked(node)
         assert found is not None
         x = node.args[0]
         assert isinstance(x, torch.fx.Node)
         dtype = x.meta["val"].dtype
         lengths, size = found
+        if all(length % out == 0 for length, out in zip(lengths, size, strict=True)):  # 2-D: even windows
+            kernel = tuple(length // out for length, out in zip(lengths, size, strict=True))
+            output = splice_before(graph_module, node, lambda x_: F.avg_pool2d(x_, kernel, kernel), [x])
+            _disown_pieces(graph_module, output, x)
+            node.replace_all_uses_with(output)
+            return None
         # a dim kept at its length takes no linear
         dims = tuple(i - len(size) for i, (length, out) in enumerate(zip(lengths, size, strict=True)) if out != length)
         matrices = [pooling_matrix(lengths[d], size[d], dtype) for d in dims]
@@ -102,13 +110,22 @@ class RewriteAdaptiveAvgPoolPass(NodeRewritePass):
         def replacement(x_: torch.Tensor, *matrices_: torch.Tensor) -> torch.Tensor:
             return adaptive_avg_form(x_, dims, *matrices_)
 
-        before = set(graph_module.graph.nodes)
         output = splice_before(graph_module, node, replacement, [x, *matrices])
-        for piece in graph_module.graph.nodes:
-            if piece not in before:
-                _disown_the_pooling_module(piece)
+        _disown_pieces(graph_module, output, x)
         node.replace_all_uses_with(output)
         return None
+
+
+def _disown_pieces(graph_module: torch.fx.GraphModule, output: torch.fx.Node, x: torch.fx.Node) -> None:
+    """``_disown_the_pooling_module`` for every node between ``x`` and ``output`` (the form's pieces)."""
+    pending, seen = [output], set()
+    while pending:
+        piece = pending.pop()
+        if piece in seen or piece is x:
+            continue
+        seen.add(piece)
+        _disown_the_pooling_module(piece)
+        pending.extend(piece.all_input_nodes)
 
 
 def _disown_the_pooling_module(piece: torch.fx.Node) -> None:
