@@ -243,7 +243,8 @@ class DetachedPooling(nn.Module):
         return self.norm(pooled), x.detach()  # the second: a graph input's detach, which stays
 
 
-@pytest.mark.parametrize("precision", ["float", "static int8"])
+# float on 1.4.0 too (release_sensitive): the partitioner rewrites there from ops_to_not_decompose
+@pytest.mark.parametrize("precision", [pytest.param("float", marks=pytest.mark.release_sensitive), "static int8"])
 def test_a_detach_inside_the_graph_is_in_the_one_delegate(precision: Precision) -> None:
     torch.manual_seed(151)
     run = lower_and_run(DetachedPooling().eval(), (torch.randn(2, 4, 6, 7),), precision)
