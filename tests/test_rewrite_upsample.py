@@ -16,6 +16,7 @@ from testbed.lowered import lower, run_pte
 from xnnguard.graph.ops import target_name
 from xnnguard.rewrite.rewrite_for_xnnpack import rewrite_for_xnnpack
 from xnnguard.rewrite.runner import run_passes
+from xnnguard.rewrite.upsample.linear import LinearUpsamplePass
 from xnnguard.rewrite.upsample.nearest import NearestUpsamplePass, nearest_upsample
 
 
@@ -189,3 +190,51 @@ def test_a_decoder_with_a_dynamic_batch_lowers_and_runs_at_other_batch_sizes() -
     for size in (2, 3, 1):
         x = torch.randn(size, 3, 4, 4)
         torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], model(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("shape", "options"),
+    [
+        ((1, 2, 4, 11, 6), {"size": (4, 11, 12), "mode": "trilinear", "align_corners": True}),  # fuzz seed 41
+        ((1, 2, 3, 4, 5), {"scale_factor": 2, "mode": "trilinear", "align_corners": False}),
+        ((2, 3, 7), {"size": 12, "mode": "linear", "align_corners": False}),
+        ((1, 2, 5, 6, 4), {"size": (3, 9, 4), "mode": "trilinear", "align_corners": False}),  # down, up, kept
+    ],
+    ids=["3d-size-corners", "3d-x2", "1d-size", "3d-mixed"],
+)
+def test_a_linear_or_trilinear_upsampling_is_rewritten_as_gathers_and_weights_with_its_values(
+    shape: tuple[int, ...], options: dict
+) -> None:
+    model, x = Upsample(**options), torch.randn(shape)
+    graph_module = torch.export.export(model, (x,)).module()
+    result = run_passes([LinearUpsamplePass()], graph_module, strict=True)
+    assert _upsamples(graph_module) == [] and not result.report, result.report
+    torch.testing.assert_close(graph_module(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+class TrilinearDecoder(torch.nn.Module):
+    """A 3-D UNet decoder step: conv, trilinear upsampling to the skip's size, conv (fuzz seeds 41, 61, 94:
+    1.5.1 decomposed the upsampling into arange / clamp / index gathers outside XNNPACK, stock too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.last = torch.nn.Conv3d(3, 4, 3, padding=1), torch.nn.Conv3d(4, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = F.interpolate(self.first(x), size=(4, 9, 10), mode="trilinear", align_corners=False)
+        return self.last(up)
+
+
+def test_a_decoder_with_trilinear_upsampling_is_one_delegate_and_matches() -> None:
+    torch.manual_seed(41)
+    run = lower_and_run(TrilinearDecoder().eval(), (torch.randn(1, 3, 2, 5, 5),))
+    assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
+
+
+def test_a_decoder_with_trilinear_upsampling_in_int8_adds_no_rounding() -> None:
+    torch.manual_seed(41)
+    result = int8_against_the_original(TrilinearDecoder(), torch.randn(1, 3, 2, 5, 5), "static")
+    assert result.lowered.outside_ops() == {} and result.lowered.num_delegates == 1, result.lowered.outside_ops()
+    assert result.steps <= 2, f"{result.steps:.2f} quantization steps from the original quantized"
+    assert no_new_scales(result), (result.scales, result.ideal_scales)
