@@ -64,7 +64,7 @@ def assert_within_rank_limit(ep: torch.export.ExportedProgram) -> None:
 
 class ClassToken(torch.nn.Module):
     """A learned class token put in front of the tokens of every image of the batch (ViT, MViT), then a
-    linear: nothing a rewrite changes but the token's expand, which a dynamic batch leaves an expand."""
+    linear: nothing a rewrite changes but the token's expand (to a dynamic batch: sized by the input)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -73,6 +73,20 @@ class ClassToken(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(torch.cat((self.token.expand(x.shape[0], -1, -1), x), dim=1))
+
+
+class ClassTokenOfIds(torch.nn.Module):
+    """A class token in front of embedded token ids: under a dynamic batch no float input carries the batch
+    size, so the token's expand stays an expand (XNNPACK has no broadcast node)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 16)
+        self.token = torch.nn.Parameter(torch.randn(1, 1, 16))
+        self.linear = torch.nn.Linear(16, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.cat((self.token.expand(ids.shape[0], -1, -1), self.embed(ids)), dim=1))
 
 
 class SeparableBlock(torch.nn.Module):
