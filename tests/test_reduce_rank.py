@@ -594,6 +594,20 @@ def test_a_reduction_over_dims_that_are_not_adjacent_is_left_and_reported() -> N
     torch.testing.assert_close(ep.module()(x), model(x))
 
 
+def test_a_reduction_whose_dims_are_apart_only_across_dims_of_size_one_is_merged_and_exact() -> None:
+    """Fuzz seed 88: ``amin`` over dims (2, 6) of a (1, 2, 1, 1, 3, 4, 2) tensor: dim 2 holds one element."""
+
+    class MinOverASizeOneDim(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.amin(dim=(2, -1), keepdim=True).softmax(0)
+
+    model, x = MinOverASizeOneDim(), torch.randn(1, 2, 1, 1, 3, 4, 2)
+    rewriter = XnnpackRewriter([ReduceRankPass(strict=True)], strict=True)
+    ep = rewriter(torch.export.export(model, (x,)))
+    assert not any("amin" in record.node for record in rewriter.report), rewriter.report
+    assert torch.equal(ep.module()(x), model(x))
+
+
 class PatchifyAndReturnedView(torch.nn.Module):
     """The patchify, and an 8-D view that is a graph output (so it must stay)."""
 

@@ -8,8 +8,9 @@ dims; it becomes ``reshape(before, reduced, after)`` -> the op over the middle d
 Why it is exact: such an op treats the dims before and after the reduced ones only as independent
 rows, so they can each be one dim; the reduced run becomes one dim of the same elements in the same
 order. A softmax over the last dim stays over the last dim, and a mean over the trailing dims becomes
-a 4-D mean over dims (2, 3): the forms XNNPACK runs. Reductions over dims that are not adjacent are
-left and reported.
+a 4-D mean over dims (2, 3): the forms XNNPACK runs. Reduced dims of size 1 do not count (fuzz seed 88:
+an ``amin`` over dims (2, 6) of a 7-D tensor whose dim 2 is 1); reductions over dims that are otherwise
+not adjacent are left and reported.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class ReduceRankReductionPass(MergedDimsPass):
             return "its dims are not constants"
         if node.target in _SOFTMAXES and len(dims) != 1:
             return "softmax over more than one dim"
+        # a dim of size 1 holds one element: reduced or kept, the elements and their order are the same
+        dims = [d for d in dims if not (isinstance(shape[d], int) and shape[d] == 1)] or dims[:1]
         if dims != list(range(dims[0], dims[-1] + 1)):
             return f"its reduced dims {dims} are not adjacent"
         before = math.prod(shape[: dims[0]])
