@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from testbed.flow import lower_and_run
@@ -251,3 +252,27 @@ def test_a_detach_inside_the_graph_is_in_the_one_delegate(precision: Precision) 
     assert run.lowered.num_delegates == 1, run.lowered.outside_ops()
     assert run.lowered.outside_ops() == {"alias_copy": 1}, run.lowered.outside_ops()  # the input's, at the edge
     run.assert_matches()
+
+
+class SubsamplingMaxPool(nn.Module):
+    """Seed 37: ``F.max_pool2d(x, 1, stride=(2, 1))`` (a subsampling) and a (2, 2) pooling at stride 3, which
+    1.5.1's ``MaxPool2dConfig`` refuses (a stride above the kernel: on portable kernels, stock too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        sub = F.max_pool2d(y, kernel_size=1, stride=(2, 1))
+        pooled = F.max_pool2d(y, kernel_size=2, stride=3, padding=1)
+        return sub.sum(dim=(2, 3)) + pooled.amax(dim=(2, 3))
+
+
+@pytest.mark.parametrize("precision", ["float", "static int8"])
+def test_a_max_pooling_whose_stride_exceeds_its_kernel_is_in_the_one_delegate(precision: Precision) -> None:
+    torch.manual_seed(37)
+    run = lower_and_run(SubsamplingMaxPool().eval(), (torch.randn(2, 3, 9, 8),), precision)
+    assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
+

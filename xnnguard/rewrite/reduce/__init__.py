@@ -6,10 +6,11 @@ amax or amin, and takes a softmax over the last dim only. The rewrites: ``softma
 dim, log-softmax), ``keepdim_mean`` (a 4-D mean over H and W in the one written form 1.5.1
 takes), ``sums`` (sum, mean, var, std, vector norm as linears against constant vectors), ``extrema``
 (max and min as trees of ``maximum``/``minimum`` of slices), ``adaptive_max`` (adaptive max pooling,
-which 1.5.1's ``to_edge`` refuses), ``adaptive_avg`` (adaptive average pooling with uneven windows, as
-linears), ``avg_pool2d`` (the average poolings 1.5.1's config refuses: ceil mode, a counted padding, a
-divisor override), ``power``; ``plan`` holds the arithmetic
-of which view and permute gather a reduction's elements, ``forms`` the plain-PyTorch forms.
+which 1.5.1's ``to_edge`` refuses), ``adaptive_avg`` (adaptive average pooling to a grid, as an average
+pooling or linears), ``avg_pool2d`` (the average poolings 1.5.1's config refuses: ceil mode, a counted
+padding, a divisor override), ``strided_max_pool`` (a max pooling whose stride exceeds its kernel),
+``power``; ``plan`` holds the arithmetic of which view and permute gather a reduction's elements,
+``forms`` the plain-PyTorch forms.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from xnnguard.rewrite.reduce.extrema import RewriteExtremumPass
 from xnnguard.rewrite.reduce.keepdim_mean import MeanKeepdimPass
 from xnnguard.rewrite.reduce.power import RewritePowerPass
 from xnnguard.rewrite.reduce.softmax import SoftmaxAnyDimPass
+from xnnguard.rewrite.reduce.strided_max_pool import RewriteStridedMaxPool2dPass
 from xnnguard.rewrite.reduce.sums import RewriteSumPass
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "RewriteAvgPool2dPass",
     "RewriteExtremumPass",
     "RewritePowerPass",
+    "RewriteStridedMaxPool2dPass",
     "RewriteSumPass",
     "SoftmaxAnyDimPass",
     "passes",
@@ -55,4 +58,5 @@ def passes() -> list[PassBase]:
         RewriteSumPass(),
         RewriteExtremumPass(),
         RewriteAvgPool2dPass(),
+        RewriteStridedMaxPool2dPass(),
     ]

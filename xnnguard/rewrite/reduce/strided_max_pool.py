@@ -1,0 +1,114 @@
+"""A 2-D max pooling whose stride exceeds its kernel as a pooling XNNPACK takes and a subsampling.
+
+Invariant established: no ``max_pool2d`` (or ``max_pool2d_with_indices`` whose indices nobody reads) over
+a static (H, W) with a stride above its kernel along a dim, in floor mode (or a ceil mode that adds no
+window), is left. ExecuTorch 1.5.1's ``MaxPool2dConfig`` refuses a stride above the kernel: the pooling
+ran on portable kernels between two delegates (fuzz seed 37: ``F.max_pool2d(x, 1, stride=(2, 1))``, a
+subsampling, stock too).
+
+The form: the pooling at the largest stride that divides the stride and fits the kernel (none at all
+for a 1 x 1 kernel without padding), whose windows include every window of the original one, then
+every (stride / that)-th of them along each dim, taken with views and unit-step slices
+(``xnnguard.rewrite.conv3d.strided_select``). Exact: a max is one of its elements, and the kept windows
+are the original ones. int8: max pooling and slices share their input's quantization; nothing rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from xnnguard.graph.args import schema_arguments
+from xnnguard.graph.ops import values_only_users
+from xnnguard.graph.shapes import tensor_value
+from xnnguard.report import Rule
+from xnnguard.rewrite.conv3d.strided_select import select_every
+from xnnguard.rewrite.insert import splice_before
+from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rewrite.rank.base import user_kept_out
+
+__all__ = ["RewriteStridedMaxPool2dPass", "strided_max_pool2d"]
+
+_aten = torch.ops.aten
+_POOLS = {_aten.max_pool2d.default, _aten.max_pool2d_with_indices.default}
+Pair = tuple[int, int]
+
+
+def _pair(value: object, default: Pair | None = None) -> Pair:
+    if isinstance(value, int):
+        return value, value
+    items = [int(v) for v in value] if isinstance(value, (list, tuple)) else []
+    if not items:
+        assert default is not None
+        return default
+    return (items[0], items[0]) if len(items) == 1 else (items[0], items[1])
+
+
+def _output_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    span = size + 2 * p - d * (k - 1) - 1
+    out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def strided_max_pool2d(x: torch.Tensor, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair) -> torch.Tensor:
+    """``F.max_pool2d(x, kernel, stride, padding, dilation)`` (floor mode) of a 4-D ``x``, for any stride."""
+    pool_stride = tuple(max(t for t in range(1, k + 1) if s % t == 0) for k, s in zip(kernel, stride))
+    out = [_output_size(int(x.shape[2 + d]), kernel[d], stride[d], padding[d], dilation[d], False) for d in (0, 1)]
+    trivial = kernel == (1, 1) and padding == (0, 0)
+    y = x if trivial else F.max_pool2d(x, kernel, pool_stride, padding, dilation)
+    c, h, w = (int(size) for size in y.shape[1:])  # the batch may be dynamic: every reshape infers it
+    step_h, step_w = stride[0] // pool_stride[0], stride[1] // pool_stride[1]
+    if step_h > 1 or h != out[0]:
+        y = select_every(y.reshape(-1, h, w), 0, step_h, out[0]).reshape(-1, c, out[0], w)
+    if step_w > 1 or w != out[1]:
+        y = select_every(y.reshape(-1, w, 1), 0, step_w, out[1]).reshape(-1, c, out[0], out[1])
+    return y
+
+
+class RewriteStridedMaxPool2dPass(NodeRewritePass):
+    """Replaces each 2-D max pooling with a stride above its kernel by a pooling XNNPACK takes and slices."""
+
+    rule = Rule.NOT_REWRITTEN
+    tags_what_it_leaves = False  # the partitioner decides about what is left
+    subject = "2-D max pooling with a stride above its kernel"
+
+    def picks(self, node: torch.fx.Node) -> bool:
+        if node.op != "call_function" or node.target not in _POOLS or user_kept_out(node):
+            return False
+        arguments = schema_arguments(node) or {}
+        kernel = _pair(arguments.get("kernel_size"))
+        stride = _pair(arguments.get("stride", []), default=kernel)
+        return stride[0] > kernel[0] or stride[1] > kernel[1]
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        users = values_only_users(node) if node.target is _aten.max_pool2d_with_indices.default else [node]
+        if users is None:
+            return "its indices are used"
+        x = node.args[0]
+        value = tensor_value(x)
+        if not isinstance(x, torch.fx.Node) or value is None or value.dim() != 4:
+            return "its input is not a 4-D tensor"
+        if not all(isinstance(size, int) for size in value.shape[1:]):
+            return "a dynamic channel count, height or width"
+        arguments = schema_arguments(node) or {}
+        kernel = _pair(arguments.get("kernel_size"))
+        stride = _pair(arguments.get("stride", []), default=kernel)
+        padding, dilation = _pair(arguments.get("padding", 0)), _pair(arguments.get("dilation", 1))
+        ceil_mode = bool(arguments.get("ceil_mode", False))
+        sizes = [int(value.shape[2 + d]) for d in (0, 1)]
+        if ceil_mode and any(
+            _output_size(sizes[d], kernel[d], stride[d], padding[d], dilation[d], True)
+            != _output_size(sizes[d], kernel[d], stride[d], padding[d], dilation[d], False)
+            for d in (0, 1)
+        ):
+            return "a ceil-mode window past the input"
+        output = splice_before(
+            graph_module, node, lambda x_: strided_max_pool2d(x_, kernel, stride, padding, dilation), [x]
+        )
+        for user in users:
+            user.replace_all_uses_with(output)
+            if user is not node:
+                graph_module.graph.erase_node(user)
+        return None
