@@ -184,8 +184,13 @@ def _smoke(runner: Runner, seeds: tuple[int, ...], mode: str) -> None:
             assert outcome.delegates == 1, f"seed {outcome.seed} {mode}: {outcome.delegates} delegates"
 
 
-@pytest.mark.release_sensitive
-@pytest.mark.parametrize("mode", list(MODES))
+# On the oldest release too (CI's 1.4.0 run): float32 and static int8, where the releases' partitioner hooks
+# and quantized kernels differ; the other modes' release-dependent paths have tests of their own there.
+ON_EVERY_RELEASE = ("float32", "static-int8")
+
+
+@pytest.mark.parametrize("mode", [pytest.param(mode, marks=pytest.mark.release_sensitive if mode in ON_EVERY_RELEASE
+                                               else ()) for mode in MODES])
 def test_smoke_no_fuzzed_program_is_wrong_failing_or_crashing(runner: Runner, mode: str) -> None:
     _smoke(runner, SMOKE_SEEDS, mode)
 
