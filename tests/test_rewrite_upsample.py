@@ -238,3 +238,22 @@ def test_a_decoder_with_trilinear_upsampling_in_int8_adds_no_rounding() -> None:
     assert result.lowered.outside_ops() == {} and result.lowered.num_delegates == 1, result.lowered.outside_ops()
     assert result.steps <= 2, f"{result.steps:.2f} quantization steps from the original quantized"
     assert no_new_scales(result), (result.scales, result.ideal_scales)
+
+
+class BilinearDecoder(torch.nn.Module):
+    """A 2-D decoder step with a bilinear upsampling (fuzz seed 40 under a dynamic batch: 1.5.1's
+    ``UpsampleBilinear2dConfig`` refuses any dynamic size, and the resize ran on the portable kernel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.last = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Conv2d(4, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(F.interpolate(self.first(x), size=(7, 11), mode="bilinear", align_corners=False))
+
+
+def test_a_bilinear_upsampling_under_a_dynamic_batch_is_in_the_one_delegate_at_every_batch() -> None:
+    torch.manual_seed(40)
+    run = lower_and_run(BilinearDecoder().eval(), (torch.randn(2, 3, 4, 5),), dynamic_batch=(1, 3))
+    assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()

@@ -1,9 +1,11 @@
 """Linear and trilinear upsampling as gathers and a weighted sum per dim, which XNNPACK runs.
 
 Invariant established: no ``upsample_linear1d`` or ``upsample_trilinear3d`` with static spatial sizes is
-left on a floating-point tensor. XNNPACK has a bilinear resize only: ExecuTorch 1.5.1 decomposed the
-others into ``arange`` / ``clamp`` / ``index`` gathers and dtype casts, all outside the delegates (fuzz
-seeds 41, 61, 94: a trilinear upsampling in a 3-D UNet decoder, stock too).
+left on a floating-point tensor, nor an ``upsample_bilinear2d`` under a dynamic batch. XNNPACK has a
+bilinear resize only: ExecuTorch 1.5.1 decomposed the others into ``arange`` / ``clamp`` / ``index``
+gathers and dtype casts, all outside the delegates (fuzz seeds 41, 61, 94: a trilinear upsampling in a 3-D
+UNet decoder, stock too), and its ``UpsampleBilinear2dConfig`` refuses the bilinear one when any size is
+dynamic (fuzz seed 40, a dynamic batch), which then ran on the portable kernel.
 
 Linear interpolation is separable: along each dim, output position ``o`` is ``w0[o] * x[i0[o]] + w1[o] *
 x[i1[o]]``. The form takes each dim in turn: two gathers by constant indices (``i0``, ``i1``, written as
@@ -37,6 +39,8 @@ LINEAR_UPSAMPLES = frozenset({
     _aten.upsample_linear1d.vec, _aten.upsample_linear1d.default,
     _aten.upsample_trilinear3d.vec, _aten.upsample_trilinear3d.default,
 })
+# XNNPACK's own bilinear resize, which 1.5.1's UpsampleBilinear2dConfig refuses under any dynamic size
+BILINEAR_UPSAMPLES = frozenset({_aten.upsample_bilinear2d.vec, _aten.upsample_bilinear2d.default})
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,12 @@ class LinearUpsamplePass(NodeRewritePass):
     pieces_stay_float = True
 
     def picks(self, node: torch.fx.Node) -> bool:
-        return node.op == "call_function" and node.target in LINEAR_UPSAMPLES
+        if node.op != "call_function":
+            return False
+        if node.target in BILINEAR_UPSAMPLES:  # only where XNNPACK's own resize is refused: a dynamic batch
+            value = tensor_value(node)
+            return value is not None and not all(isinstance(size, int) for size in value.shape)
+        return node.target in LINEAR_UPSAMPLES
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         x = node.args[0]
