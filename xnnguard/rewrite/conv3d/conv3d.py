@@ -45,10 +45,10 @@ import torch.nn.functional as F
 
 from xnnguard.rewrite.conv3d.dynamic_depth import frames_as_rows, rows_weight, taps_along
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
-from xnnguard.rewrite.conv3d.size_args import triple
 from xnnguard.rewrite.conv3d.spliced_conv import Activation, SplicedConvPass
 from xnnguard.rewrite.conv3d.strided_select import select_every
 from xnnguard.rewrite.conv3d.tap_folding import fold_frames, fold_taps
+from xnnguard.rewrite.size_args import triple
 from xnnguard.rules.conv3d import ConvKind
 
 __all__ = ["Conv3dGeometry", "RewriteConv3dPass", "conv2d_constants", "conv3d_as_conv2d", "conv3d_geometry"]

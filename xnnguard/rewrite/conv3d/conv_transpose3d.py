@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
-from xnnguard.rewrite.conv3d.size_args import Triple, triple
 from xnnguard.rewrite.conv3d.spliced_conv import Activation, SplicedConvPass
 from xnnguard.rewrite.conv3d.tap_folding import fold_frames, fold_transposed_taps
+from xnnguard.rewrite.size_args import Triple, triple
 from xnnguard.rules.conv3d import ConvKind
 
 __all__ = [

@@ -27,10 +27,10 @@ from torch.fx.operator_schemas import normalize_function
 
 from xnnguard.graph.ops import values_only_users
 from xnnguard.report import Rule
-from xnnguard.rewrite.conv3d.size_args import Triple, triple
 from xnnguard.rewrite.conv3d.strided_select import select_every
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rewrite.size_args import Triple, ceil_extra, pooled_length, triple
 
 __all__ = ["Pool3d", "RewritePool3dPass", "pool3d", "pool3d_as_2d", "pool3d_correction"]
 
@@ -67,21 +67,17 @@ class Pool3d:
         shape = self.input_shape if len(self.input_shape) == 5 else (1, *self.input_shape)
         return shape  # type: ignore[return-value]
 
+    def _window(self, dim: int) -> tuple[int, int, int, int, int, bool]:
+        return (self.batched_shape[2 + dim], self.kernel[dim], self.stride[dim], self.padding[dim],
+                self.dilation[dim], self.ceil_mode)
+
     def output_size(self, dim: int) -> int:
         """PyTorch's pooling output size along spatial ``dim`` (0 = D), ceil_mode included."""
-        size = self.batched_shape[2 + dim]
-        k, s, p, d = self.kernel[dim], self.stride[dim], self.padding[dim], self.dilation[dim]
-        span = size + 2 * p - d * (k - 1) - 1
-        out = (span + (s - 1 if self.ceil_mode else 0)) // s + 1
-        if self.ceil_mode and (out - 1) * s >= size + p:
-            out -= 1
-        return out
+        return pooled_length(*self._window(dim))
 
     def ceil_extra(self, dim: int) -> int:
         """Zeros to append along ``dim`` so a floor-mode pooling yields the ceil-mode windows."""
-        size = self.batched_shape[2 + dim]
-        k, s, p, d = self.kernel[dim], self.stride[dim], self.padding[dim], self.dilation[dim]
-        return max(0, (self.output_size(dim) - 1) * s + d * (k - 1) + 1 - (size + 2 * p))
+        return ceil_extra(*self._window(dim))
 
     def why_not(self) -> str | None:
         """Why XNNPACK could not run the 2-D stages, or None."""

@@ -29,29 +29,21 @@ from xnnguard.report import Rule
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import user_kept_out
+from xnnguard.rewrite.size_args import Pair, ceil_extra, pair
 
 __all__ = ["AvgPool2d", "RewriteAvgPool2dPass", "avg_pool2d_form"]
 
 _aten = torch.ops.aten
 
 
-def _pair(value: object, default: tuple[int, int] | None = None) -> tuple[int, int]:
-    if isinstance(value, int):
-        return value, value
-    items = list(value) if isinstance(value, (list, tuple)) else []
-    if not items and default is not None:
-        return default
-    return (int(items[0]), int(items[0])) if len(items) == 1 else (int(items[0]), int(items[1]))
-
-
 @dataclass(frozen=True)
 class AvgPool2d:
     """One ``avg_pool2d``, normalized: every argument spelled out per dim, over a static (H, W)."""
 
-    size: tuple[int, int]
-    kernel: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
+    size: Pair
+    kernel: Pair
+    stride: Pair
+    padding: Pair
     ceil_mode: bool = False
     count_include_pad: bool = True
     divisor_override: int | None = None
@@ -68,13 +60,13 @@ class AvgPool2d:
         size = tuple(x.shape[-2:])
         if not all(isinstance(s, int) for s in size):
             return None
-        kernel = _pair(arguments["kernel_size"])
+        kernel = pair(arguments["kernel_size"])
         divisor = arguments.get("divisor_override")
         return cls(
             size=(int(size[0]), int(size[1])),
             kernel=kernel,
-            stride=_pair(arguments.get("stride", []), default=kernel),
-            padding=_pair(arguments.get("padding", 0)),
+            stride=pair(arguments.get("stride", []), default=kernel),
+            padding=pair(arguments.get("padding", 0)),
             ceil_mode=bool(arguments.get("ceil_mode", False)),
             count_include_pad=bool(arguments.get("count_include_pad", True)),
             divisor_override=divisor if isinstance(divisor, int) else None,
@@ -88,13 +80,7 @@ class AvgPool2d:
 
     def ceil_extra(self, dim: int) -> int:
         """Zeros to append along spatial ``dim`` (0 = H) so that floor mode has the ceil-mode windows."""
-        size, k, s, p = self.size[dim], self.kernel[dim], self.stride[dim], self.padding[dim]
-        if not self.ceil_mode:
-            return 0
-        out = (size + 2 * p - k + s - 1) // s + 1
-        if (out - 1) * s >= size + p:  # PyTorch: the last window must start inside the input or left padding
-            out -= 1
-        return max(0, (out - 1) * s + k - (size + 2 * p))
+        return ceil_extra(self.size[dim], self.kernel[dim], self.stride[dim], self.padding[dim], 1, self.ceil_mode)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         return F.avg_pool2d(

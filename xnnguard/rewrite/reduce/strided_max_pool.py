@@ -26,36 +26,18 @@ from xnnguard.rewrite.conv3d.strided_select import select_every
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import user_kept_out
+from xnnguard.rewrite.size_args import Pair, pair, pooled_length
 
 __all__ = ["RewriteStridedMaxPool2dPass", "strided_max_pool2d"]
 
 _aten = torch.ops.aten
 _POOLS = {_aten.max_pool2d.default, _aten.max_pool2d_with_indices.default}
-Pair = tuple[int, int]
-
-
-def _pair(value: object, default: Pair | None = None) -> Pair:
-    if isinstance(value, int):
-        return value, value
-    items = [int(v) for v in value] if isinstance(value, (list, tuple)) else []
-    if not items:
-        assert default is not None
-        return default
-    return (items[0], items[0]) if len(items) == 1 else (items[0], items[1])
-
-
-def _output_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-    span = size + 2 * p - d * (k - 1) - 1
-    out = (span + (s - 1 if ceil_mode else 0)) // s + 1
-    if ceil_mode and (out - 1) * s >= size + p:
-        out -= 1
-    return out
 
 
 def strided_max_pool2d(x: torch.Tensor, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair) -> torch.Tensor:
     """``F.max_pool2d(x, kernel, stride, padding, dilation)`` (floor mode) of a 4-D ``x``, for any stride."""
     pool_stride = tuple(max(t for t in range(1, k + 1) if s % t == 0) for k, s in zip(kernel, stride))
-    out = [_output_size(int(x.shape[2 + d]), kernel[d], stride[d], padding[d], dilation[d], False) for d in (0, 1)]
+    out = [pooled_length(int(x.shape[2 + d]), kernel[d], stride[d], padding[d], dilation[d], False) for d in (0, 1)]
     trivial = kernel == (1, 1) and padding == (0, 0)
     y = x if trivial else F.max_pool2d(x, kernel, pool_stride, padding, dilation)
     c, h, w = (int(size) for size in y.shape[1:])  # the batch may be dynamic: every reshape infers it
@@ -78,8 +60,8 @@ class RewriteStridedMaxPool2dPass(NodeRewritePass):
         if node.op != "call_function" or node.target not in _POOLS or user_kept_out(node):
             return False
         arguments = schema_arguments(node) or {}
-        kernel = _pair(arguments.get("kernel_size"))
-        stride = _pair(arguments.get("stride", []), default=kernel)
+        kernel = pair(arguments.get("kernel_size"))
+        stride = pair(arguments.get("stride", []), default=kernel)
         return stride[0] > kernel[0] or stride[1] > kernel[1]
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
@@ -93,14 +75,14 @@ class RewriteStridedMaxPool2dPass(NodeRewritePass):
         if not all(isinstance(size, int) for size in value.shape[1:]):
             return "a dynamic channel count, height or width"
         arguments = schema_arguments(node) or {}
-        kernel = _pair(arguments.get("kernel_size"))
-        stride = _pair(arguments.get("stride", []), default=kernel)
-        padding, dilation = _pair(arguments.get("padding", 0)), _pair(arguments.get("dilation", 1))
+        kernel = pair(arguments.get("kernel_size"))
+        stride = pair(arguments.get("stride", []), default=kernel)
+        padding, dilation = pair(arguments.get("padding", 0)), pair(arguments.get("dilation", 1))
         ceil_mode = bool(arguments.get("ceil_mode", False))
         sizes = [int(value.shape[2 + d]) for d in (0, 1)]
         if ceil_mode and any(
-            _output_size(sizes[d], kernel[d], stride[d], padding[d], dilation[d], True)
-            != _output_size(sizes[d], kernel[d], stride[d], padding[d], dilation[d], False)
+            pooled_length(sizes[d], kernel[d], stride[d], padding[d], dilation[d], True)
+            != pooled_length(sizes[d], kernel[d], stride[d], padding[d], dilation[d], False)
             for d in (0, 1)
         ):
             return "a ceil-mode window past the input"
