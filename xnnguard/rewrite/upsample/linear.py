@@ -11,7 +11,7 @@ Linear interpolation is separable: along each dim, output position ``o`` is ``w0
 x[i1[o]]``. The form takes each dim in turn: two gathers by constant indices (``i0``, ``i1``, written as
 slices and in-place repeats: ``xnnguard.rewrite.views.constant_gather``), each multiplied by its constant
 weights broadcast along the other dims, and added. The indices and weights are read from the op itself,
-run on one-hot inputs along the dim (constant along the others, whose weights sum to 1), so
+run on one-hot inputs along the dim, one per channel (constant along the others, whose weights sum to 1), so
 ``align_corners`` and a given scale are whatever the op does; the form is then checked against the op on
 a random tensor. Exact up to float rounding: PyTorch weighs the same two (eight, in 3-D) elements, in
 another order.
@@ -74,21 +74,18 @@ def _interpolations(node: torch.fx.Node, spatial: Sequence[int]) -> list[Interpo
     assert callable(node.target)
     found = []
     for d, size in enumerate(spatial):
-        outputs = []
-        for i in range(size):
-            one_hot = torch.zeros(1, 1, *spatial, dtype=torch.float64)
-            one_hot.select(2 + d, i).fill_(1.0)
-            with torch.no_grad():
-                try:
-                    out = node.target(one_hot, *node.args[1:], **node.kwargs)
-                except RuntimeError:
-                    return None
-            line = out[0, 0]
-            for other in reversed(range(len(spatial))):
-                if other != d:
-                    line = line.select(other, 0)
-            outputs.append(line)
-        weights = _weights(torch.stack(outputs).T)  # (out, in)
+        # channel i: 1 at index i along dim d, 0 elsewhere along it, constant along the other dims
+        along = [size if e == d else 1 for e in range(len(spatial))]
+        one_hots = torch.eye(size, dtype=torch.float64).reshape(1, size, *along).expand(1, size, *spatial)
+        with torch.no_grad():
+            try:
+                lines = node.target(one_hots.contiguous(), *node.args[1:], **node.kwargs)[0]
+            except RuntimeError:
+                return None
+        for other in reversed(range(len(spatial))):
+            if other != d:
+                lines = lines.select(1 + other, 0)
+        weights = _weights(lines.T)  # (out, in)
         if weights is None:
             return None
         i0, i1, w0, w1 = weights
@@ -99,17 +96,12 @@ def _interpolations(node: torch.fx.Node, spatial: Sequence[int]) -> list[Interpo
 
 def interpolated(x: torch.Tensor, steps: Sequence[Interpolation], constants: Sequence[torch.Tensor]) -> torch.Tensor:
     """``x`` interpolated along each step's dim in turn (``constants``: ``step_constants``, in order)."""
-    pending = list(constants)
+    pending = iter(constants)
     for step in steps:
-        ones0 = [pending.pop(0) for _ in range(_repeats(step.first))]
-        ones1 = [pending.pop(0) for _ in range(_repeats(step.second))]
-        w0, w1 = pending.pop(0), pending.pop(0)
-        x = gather_by_runs(x, step.dim, step.first, ones0) * w0 + gather_by_runs(x, step.dim, step.second, ones1) * w1
+        first = gather_by_runs(x, step.dim, step.first, pending)
+        second = gather_by_runs(x, step.dim, step.second, pending)
+        x = first * next(pending) + second * next(pending)
     return x
-
-
-def _repeats(runs: Sequence[Run]) -> int:
-    return sum(1 for _, _, repeat in runs if repeat != 1)
 
 
 def step_constants(shape: Sequence[int], steps: Sequence[Interpolation], dtype: torch.dtype) -> list[torch.Tensor]:

@@ -31,7 +31,7 @@ int8: the stock quantizer leaves nearest upsampling float; so are its pieces (``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -162,33 +162,22 @@ class NearestUpsamplePass(NodeRewritePass):
         if any(len(r) > MAX_RUNS for r in runs.values()):
             return f"its indices fall into more than {MAX_RUNS} runs along a dim"
         value = x.meta["val"]
-        shape, constants, counts = list(value.shape), [], []
+        shape, constants = list(value.shape), []
         for dim, dim_runs in runs.items():  # the ones of each dim's repeats, at the sizes the dims before made
-            ones = gather_constants(shape, dim, dim_runs, value.dtype)
-            constants.extend(ones)
-            counts.append(len(ones))
+            constants += gather_constants(shape, dim, dim_runs, value.dtype)
             shape[dim] = sum(count * repeat for _, count, repeat in dim_runs)
 
         def replacement(v: torch.Tensor, *ones: torch.Tensor) -> torch.Tensor:
-            return _gathered(v, runs, ones, counts)
+            return _gathered(v, runs, iter(ones))
 
         replace_by(graph_module, node, replacement, [x, *constants])
         return None
 
 
-def _gathered(
-    x: torch.Tensor,
-    runs: dict[int, list[Run]],
-    ones: Sequence[torch.Tensor] | None = None,
-    counts: Sequence[int] | None = None,
-) -> torch.Tensor:
-    """``x`` gathered along each dim of ``runs`` in turn (``ones``: each dim's constants, ``counts`` of them)."""
-    taken = 0
-    for i, (dim, dim_runs) in enumerate(runs.items()):
-        mine = None
-        if ones is not None and counts is not None:
-            mine, taken = ones[taken:taken + counts[i]], taken + counts[i]
-        x = gather_by_runs(x, dim, dim_runs, mine)
+def _gathered(x: torch.Tensor, runs: dict[int, list[Run]], ones: Iterator[torch.Tensor] | None = None) -> torch.Tensor:
+    """``x`` gathered along each dim of ``runs`` in turn (``ones``: their ``gather_constants``, in order)."""
+    for dim, dim_runs in runs.items():
+        x = gather_by_runs(x, dim, dim_runs, ones)
     return x
 
 

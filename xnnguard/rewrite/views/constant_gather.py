@@ -20,7 +20,7 @@ float; so are the pieces (``pieces_stay_float``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -88,15 +88,18 @@ def gather_constants(shape: Sequence[int], dim: int, runs: Sequence[Run], dtype:
 
 
 def gather_by_runs(
-    x: torch.Tensor, dim: int, runs: Sequence[Run], ones: Sequence[torch.Tensor] | None = None
+    x: torch.Tensor, dim: int, runs: Sequence[Run], ones: Iterator[torch.Tensor] | None = None
 ) -> torch.Tensor:
-    """``x`` gathered along ``dim`` by the indices ``runs`` describe (``ones``: ``gather_constants``)."""
+    """``x`` gathered along ``dim`` by the indices ``runs`` describe.
+
+    ``ones``: the constants ``gather_constants`` made, one taken per repeated run (so that several
+    gathers in turn can read them from one iterator); None makes them here.
+    """
     pieces = []
-    remaining = list(ones) if ones is not None else None
     for start, count, repeat in runs:
         piece = x if (start, count) == (0, x.shape[dim]) else x.narrow(dim, start, count)
         if repeat != 1:
-            piece = _repeated_in_place(piece, dim, repeat, remaining.pop(0) if remaining is not None else None)
+            piece = _repeated_in_place(piece, dim, repeat, next(ones) if ones is not None else None)
         pieces.append(piece)
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim)
 
