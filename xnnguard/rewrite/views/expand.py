@@ -20,9 +20,10 @@ The forms:
   XNNPACK's multiply broadcasts;
 * an expand along one dynamic dim (a ViT's class token to a dynamic batch; fuzz seeds 163, 171, 187) takes
   that size from a graph input that has it: one element of the input per index of that dim, ``s``, and
-  ``minimum(maximum(s, x), x)``, which is ``x`` broadcast to ``s``'s size wherever ``s`` holds a number
-  (infinities too; a NaN among those input elements would give NaN there). XNNPACK has no broadcast node,
-  but its binary ops size their output from their inputs at run time;
+  ``minimum(maximum(s, x), x)`` (``constant_where.select_by_bounds`` with ``x`` as both bounds), which is
+  ``x`` broadcast to ``s``'s size wherever ``s`` holds a number (infinities too; a NaN among those input
+  elements would give NaN there). XNNPACK has no broadcast node, but its binary ops size their output from
+  their inputs at run time;
 * ``repeat(x, r)`` along dim ``d`` is ``x`` viewed with a new size-1 dim in front of ``d``, multiplied by
   ``ones`` of size ``r`` there, then reshaped: copy ``k`` of the tensor is the k-th slice of the new dim,
   which is what ``repeat`` lays out. Adjacent dims that are not repeated merge, so the broadcast stays
@@ -47,6 +48,7 @@ from xnnguard.graph.broadcast import broadcasts_in_place_of
 from xnnguard.graph.shapes import dynamic_broadcast_dim, same_size, tensor_value
 from xnnguard.report import Rule
 from xnnguard.rewrite.views.base import AliasAwarePass, replace_by, view_sizes
+from xnnguard.rewrite.views.constant_where import select_by_bounds
 
 __all__ = ["BroadcastViewsPass", "broadcast_form", "repeat_by_broadcast"]
 
@@ -182,19 +184,29 @@ class BroadcastViewsPass(AliasAwarePass):
             return None
         if not before.dtype.is_floating_point:
             return f"a {before.dtype} tensor (XNNPACK multiplies floating-point ones)"
-        if dynamic_broadcast_dim(before.shape, after.shape) is not None:
-            return _dynamic_expand(graph_module, node, x, before, after)
         rank = after.dim()
-        aligned = [1] * (rank - before.dim()) + list(before.shape)
-        ones_shape = [int(large) if isinstance(small, int) and small == 1 else 1
+        lead = rank - before.dim()
+        aligned = [1] * lead + list(before.shape)
+        # the static broadcast dims: a multiply by ones; a dynamic one: sized by the graph input carrying it
+        ones_shape = [int(large) if isinstance(small, int) and small == 1 and isinstance(large, int) else 1
                       for small, large in zip(aligned, after.shape)]
         ones = torch.ones(ones_shape, dtype=before.dtype)
-        lead = rank - before.dim()
+        sized: tuple[torch.fx.Node, int, int] | None = None
+        if dynamic_broadcast_dim(before.shape, after.shape) is not None:
+            found = _dynamic_size(graph_module, aligned, after)
+            if isinstance(found, str):
+                return found
+            sized = found
 
-        def replacement(v: torch.Tensor, ones_: torch.Tensor) -> torch.Tensor:
-            return v.reshape(view_sizes([1] * lead + list(v.shape))) * ones_
+        def replacement(v: torch.Tensor, ones_: torch.Tensor, *source: torch.Tensor) -> torch.Tensor:
+            y = v.reshape(view_sizes([1] * lead + list(v.shape))) * ones_
+            if sized is None:
+                return y
+            _, dim, at = sized
+            # y wherever the input's element is a number, finite or infinite, along its run-time size
+            return select_by_bounds(sized_like(source[0], dim, rank, at), y, y)
 
-        replace_by(graph_module, node, replacement, [x, ones])
+        replace_by(graph_module, node, replacement, [x, ones, *([sized[0]] if sized is not None else [])])
         return None
 
 
@@ -224,38 +236,18 @@ def sized_like(source: torch.Tensor, dim: int, rank: int, at: int) -> torch.Tens
     return piece.reshape(sizes)
 
 
-def broadcast_to_source(value: torch.Tensor, sized: torch.Tensor) -> torch.Tensor:
-    """``value`` broadcast along ``sized``'s run-time dim: ``minimum(maximum(sized, value), value)`` is
-    ``value`` wherever ``sized`` holds a number, finite or infinite."""
-    return torch.minimum(torch.maximum(sized, value), value)
-
-
-def _dynamic_expand(
-    graph_module: torch.fx.GraphModule, node: torch.fx.Node, x: torch.fx.Node, before: torch.Tensor, after: torch.Tensor
-) -> str | None:
-    """An expand along one dynamic dim (a class token to a dynamic batch), sized by the graph input that
-    carries that size: XNNPACK has no broadcast node, but its binary ops take their run-time size from an
-    input (``broadcast_to_source``; a NaN in the input's first elements would give NaN there)."""
-    lead = after.dim() - before.dim()
-    aligned = [1] * lead + list(before.shape)
+def _dynamic_size(
+    graph_module: torch.fx.GraphModule, aligned: Sequence[object], after: torch.Tensor
+) -> tuple[torch.fx.Node, int, int] | str:
+    """``(graph input, its dim, the result's dim)`` that sizes an expand along one dynamic dim (a class token
+    to a dynamic batch), or why there is none. XNNPACK has no broadcast node, but its binary ops take their
+    run-time size from an input."""
     dynamic = [d for d, (small, large) in enumerate(zip(aligned, after.shape))
                if isinstance(small, int) and small == 1 and not isinstance(large, int)]
     if len(dynamic) != 1:
         return "it broadcasts along several dynamic dims (each XNNPACK reshape infers one)"
     (at,) = dynamic
-    found = _size_source(graph_module, after.shape[at], before.dtype)
+    found = _size_source(graph_module, after.shape[at], after.dtype)
     if found is None:
-        return f"it broadcasts along a dynamic dim no {before.dtype} graph input carries"
-    source, dim = found
-    ones_shape = [int(large) if isinstance(small, int) and small == 1 and d != at else 1
-                  for d, (small, large) in enumerate(zip(aligned, after.shape))]
-    ones = [torch.ones(ones_shape, dtype=before.dtype)] if any(size != 1 for size in ones_shape) else []
-
-    def replacement(v: torch.Tensor, src: torch.Tensor, *ones_: torch.Tensor) -> torch.Tensor:
-        static = v.reshape(view_sizes([1] * lead + list(v.shape)))
-        if ones_:
-            static = static * ones_[0]
-        return broadcast_to_source(static, sized_like(src, dim, after.dim(), at))
-
-    replace_by(graph_module, node, replacement, [x, source, *ones])
-    return None
+        return f"it broadcasts along a dynamic dim no {after.dtype} graph input carries"
+    return (*found, at)
