@@ -351,3 +351,12 @@ def test_a_conv_xnnpack_runs_no_dynamically_quantized_stays_float_on_xnnpack_wit
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
     prepare_pt2e(rewrite_for_xnnpack(torch.export.export(model, (x,))).module(), quantizer)  # annotates
     assert {record.rule for record in quantizer.report} == {Rule.DYNAMIC_CONV_KIND}, quantizer.report
+
+
+def test_a_conv_left_float_without_a_dynamic_config_gets_no_dynamic_conv_record() -> None:
+    """The record says a dynamic config reached the conv; with none given nothing is quantized, and a
+    depthwise conv is no exception to report."""
+    quantizer = XNNPACKQuantizer()  # no config: nothing is quantized
+    depthwise = torch.nn.Conv2d(4, 4, 3, groups=4).eval()
+    prepare_pt2e(torch.export.export(depthwise, (torch.randn(1, 4, 6, 6),)).module(), quantizer)  # annotates
+    assert quantizer.report == []

@@ -113,10 +113,14 @@ class XNNPACKQuantizer(ConfigFilteringQuantizer):
                             len(linears), ", ".join(linears))
         return super().transform_for_annotation(model)
 
-    def _only_dynamic_configs(self) -> bool:
+    def _configs(self) -> list[QuantizationConfig]:
+        """Every config given: ``set_global``, and per operator type, module type and module name."""
         tables = ("operator_type_config", "module_type_config", "module_name_config")
         configs = [self.global_config, *(c for table in tables for c in getattr(self, table, {}).values())]
-        given = [config for config in configs if config is not None]
+        return [config for config in configs if config is not None]
+
+    def _only_dynamic_configs(self) -> bool:
+        given = self._configs()
         return bool(given) and all(_is_dynamic(config) for config in given)
 
     def annotate(self, model: GraphModule) -> GraphModule:
@@ -145,7 +149,8 @@ class XNNPACKQuantizer(ConfigFilteringQuantizer):
         kinds = ((node, conv3d_kind(node)) for node in model.graph.nodes)
         left = [_left_in_float(node, kind) for node, kind in kinds if kind is not None]
         notes = rounding_notes(model)
-        self.report = left + _dynamic_kinds_left_float(model) + notes
+        dynamic = any(_is_dynamic(config) for config in self._configs())
+        self.report = left + (_dynamic_kinds_left_float(model) if dynamic else []) + notes
         names = ", ".join(record.node for record in left) or "none"
         noun = "convolution" if len(left) == 1 else "convolutions"
         logger.info("xnnguard: %d 3-D %s left in float (%s)", len(left), noun, names)
