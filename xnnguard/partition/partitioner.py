@@ -14,7 +14,8 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
   an integer scalar of a float op is written as the float it stands for (``FloatScalarsPass``: no int64
   constant and cast outside), and a quantize-dequantize after a view above 6 dims of values already on
   its grid is dropped (``RequantizedViewsPass``: only the view stays outside), and a 2-D max pooling
-  whose indices nobody reads is written ``max_pool2d`` (``ValuesOnlyMaxPoolPass``). ExecuTorch 1.5 runs them
+  whose indices nobody reads is written ``max_pool2d`` (``ValuesOnlyMaxPoolPass``), and a ``detach`` inside the
+  graph is dropped (``InferenceDetachPass``). ExecuTorch 1.5 runs them
   through ``transform_for_pre_decomposition``; 1.4, which has no such hook
   (``xnnguard.boundary.releases.has_pre_decomposition_hook``), through the first ``ops_to_not_decompose`` call,
   which 1.4 makes at the same point: on its own copy of the ATen program, before any decomposition;
