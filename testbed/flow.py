@@ -30,6 +30,7 @@ import torch.utils._pytree as pytree
 from torch.fx.passes.infra.pass_base import PassBase
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from testbed.fp16_kernels import kernel_error_outputs
 from testbed.lowered import Lowered, lower
 from testbed.quantize import Precision, is_dynamic, quantize_pt2e, xnnguard_quantizer, xnnpack_quantizer
 from testbed.tolerance import dynamic_step, float_tolerance, fp16_tolerance, int8_tolerance
@@ -266,7 +267,9 @@ def lower_and_run(
         if precision == "fp16":
             with _stage("eager"), torch.no_grad():
                 float32 = [out for run in runs for out in _as_list(float_model(*(x.float() for x in run)))]
-            tolerance = max(fp16_tolerance(ref, flt) for ref, flt in zip(references, float32))
+                moved = [_as_list(out) for run in runs for out in zip(*(
+                    _as_list(trial) for trial in kernel_error_outputs(eager, run)))]
+            tolerance = max(fp16_tolerance(ref, flt, kernels) for ref, flt, kernels in zip(references, float32, moved))
         else:
             exact = _float64_outputs(eager, runs)
             tolerance = max(float_tolerance(ref, ex) for ref, ex in zip(references, exact or [None] * len(references)))
