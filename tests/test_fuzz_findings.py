@@ -276,3 +276,23 @@ def test_a_max_pooling_whose_stride_exceeds_its_kernel_is_in_the_one_delegate(pr
     assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
     run.assert_matches()
 
+
+
+class ReturnedAndSoftmaxed(nn.Module):
+    """Seed 8: a convolution's result both returned and read by a softmax over W (int8: 1.5.1's channels-last
+    pass points the delegate's output at a dequantize without a value, ``KeyError: 'val'``; stock fails at run)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(7, 7, kernel_size=(1, 3), padding="same", dilation=(1, 2), bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = torch.relu(self.conv(x))
+        return torch.softmax(features, dim=3), features
+
+
+def test_a_quantized_output_that_a_softmax_also_reads_lowers_to_one_delegate_and_matches() -> None:
+    torch.manual_seed(8)
+    run = lower_and_run(ReturnedAndSoftmaxed().eval(), (torch.randn(2, 7, 4, 5),), "static int8")
+    assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()

@@ -14,8 +14,10 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
   an integer scalar of a float op is written as the float it stands for (``FloatScalarsPass``: no int64
   constant and cast outside), and a quantize-dequantize after a view above 6 dims of values already on
   its grid is dropped (``RequantizedViewsPass``: only the view stays outside), and a 2-D max pooling
-  whose indices nobody reads is written ``max_pool2d`` (``ValuesOnlyMaxPoolPass``), and a ``detach`` inside the
-  graph is dropped (``InferenceDetachPass``). ExecuTorch 1.5 runs them
+  whose indices nobody reads is written ``max_pool2d`` (``ValuesOnlyMaxPoolPass``), a ``detach`` inside the
+  graph is dropped (``InferenceDetachPass``), and a graph output that other ops read dequantized gets a
+  dequantize of its own (``OutputDequantizePass``: ExecuTorch's channels-last pass would otherwise point
+  the delegate's output at a node without a value). ExecuTorch 1.5 runs them
   through ``transform_for_pre_decomposition``; 1.4, which has no such hook
   (``xnnguard.boundary.releases.has_pre_decomposition_hook``), through the first ``ops_to_not_decompose`` call,
   which 1.4 makes at the same point: on its own copy of the ATen program, before any decomposition;
@@ -66,6 +68,7 @@ from xnnguard.rewrite.forms.float_scalars import FloatScalarsPass
 from xnnguard.rewrite.forms.inference_detach import InferenceDetachPass
 from xnnguard.rewrite.forms.inferred_view import InferredViewPass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
+from xnnguard.rewrite.forms.output_dequantize import OutputDequantizePass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
 from xnnguard.rewrite.forms.requantized_views import RequantizedViewsPass
 from xnnguard.rewrite.forms.values_only_max_pool import ValuesOnlyMaxPoolPass
@@ -245,7 +248,7 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
 def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[NodeRewritePass]:
     """The rewrites that have work on ``graph_module``: a max over H or W, a PReLU of another rank, an
     integer scalar operand of a float op, a requantization after a high-rank view, a max pooling whose
-    indices nobody reads, a ``detach``."""
+    indices nobody reads, a ``detach``, a graph output that shares its dequantize."""
     forms = (
         MaxKeepdimPass(),
         PReLUTo4dPass(),
@@ -253,6 +256,7 @@ def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[Node
         RequantizedViewsPass(),
         ValuesOnlyMaxPoolPass(),
         InferenceDetachPass(),
+        OutputDequantizePass(),
     )
     return [rewrite for rewrite in forms if rewrite.applies_to(graph_module)]
 
