@@ -383,6 +383,19 @@ def test_a_layer_norm_of_single_elements_is_its_bias_on_xnnpack(precision: str) 
     assert torch.equal(run.out, (norm.bias.detach() * torch.ones(3, 4, 1, 1)).to(run.out.dtype))
 
 
+@pytest.mark.parametrize("precision", ["float", "fp16"])
+def test_an_rms_norm_of_single_elements_is_on_xnnpack_and_matches(precision: str) -> None:
+    """Fuzz seed 38: an RMSNorm(1) after a linear to one feature; each element is its own mean square."""
+    torch.manual_seed(0)
+    norm = nn.RMSNorm(1, eps=1e-6).eval()
+    nn.init.uniform_(norm.weight, 0.5, 1.5)
+    x = 3 * torch.randn(3, 5, 1)
+    x[0, 0, 0] = 0.0  # the square of 0 is 0: eps alone
+    run = lower_and_run(norm, x, precision)
+    assert run.lowered.num_delegates == 1 and not run.lowered.outside_ops(), run.lowered.outside_ops()
+    run.assert_matches()
+
+
 def test_a_group_norm_with_dynamic_channels_positions_is_left_and_reported() -> None:
     model = nn.GroupNorm(2, 4).eval()
     ep = torch.export.export(model, (torch.randn(1, 4, 6),), dynamic_shapes=({2: Dim("length", max=64)},))

@@ -11,7 +11,8 @@ A layer norm normalizes its trailing ``normalized_shape`` dims: ``statistics``
 dynamic batch or sequence too), then ``(x - mean) * rstd * weight + bias``; over single elements
 (fuzz seed 157) ``(x - x) / sqrt(eps) * weight + bias``, its bias where ``x`` is finite and NaN where
 not, as PyTorch's. An RMS norm is
-``x * rsqrt(sum(x * x, 1/K) + eps) * weight`` (``eps`` None: float32's machine epsilon, as PyTorch
+``x * rsqrt(sum(x * x, 1/K) + eps) * weight`` (over single elements, fuzz seed 38, the mean of the
+squares is the square itself; ``eps`` None: float32's machine epsilon, as PyTorch
 does, also in float16, which it computes in float32); in float16 the mean of squares is taken without
 overflow (``xnnguard.rewrite.norm.base``). Above 6 dims, ``ReduceRankPass`` (which runs first) merges the leading dims.
 """
@@ -128,22 +129,27 @@ class RewriteRmsNormPass(NormRewritePass):
         normalized = int_list(arguments["normalized_shape"])
         plan = _trailing_plan(node, normalized)
         eps = _eps(arguments.get("eps"), torch.finfo(torch.float32).eps)
-        if isinstance(plan, str):
+        if isinstance(plan, str) and plan != _SINGLE:
             return plan
         if eps is None:
             return "its eps is not a constant"
         weight = affine_operand(graph_module, arguments.get("weight"), normalized)
         dtype = dtype_of(node.args[0])
-        averages = sum_weights(plan.stages, 1.0 / plan.k, dtype)
+        # over single elements (fuzz seed 6) the mean of the squares is the square itself
+        averages = sum_weights(plan.stages, 1.0 / plan.k, dtype) if isinstance(plan, SumPlan) else []
         count = len(averages)
 
         def rms_norm(x: torch.Tensor, eps_: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
             weights, affine = rest[:count], rest[count:]
+
+            def mean(t: torch.Tensor) -> torch.Tensor:
+                return trailing_sum(t, plan.sizes, weights) if isinstance(plan, SumPlan) else t
+
             if is_half(x.dtype):
-                q, s = second_moment(x, lambda t: trailing_sum(t, plan.sizes, weights))
+                q, s = second_moment(x, mean)
                 y = x * (torch.rsqrt(q + eps_ / s / s) / s)
             else:
-                y = x * torch.rsqrt(trailing_sum(x * x, plan.sizes, weights) + eps_)
+                y = x * torch.rsqrt(mean(x * x) + eps_)
             return y * shaped(affine[0], normalized) if weight is not None else y
 
         present: list[Operand] = [weight] if weight is not None else []
