@@ -307,4 +307,4 @@ def _load_and_run(lowered: Lowered, runs: list[tuple[torch.Tensor, ...]]) -> lis
     with _stage("load", lowered):
         module = load_module(lowered.buffer)  # lowered keeps the bytes alive as long as the module
     with _stage("run", lowered):
-        return [out for run in runs for out in module.forward(run)]
+        return [out for run in runs for out in module.forward(run)[lowered.user_outputs]]

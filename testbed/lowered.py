@@ -42,6 +42,15 @@ class Lowered:
         return self._outside
 
     @property
+    def user_outputs(self) -> slice:
+        """Which of the program's outputs are the model's own: ExecuTorch returns the graph inputs the model
+        mutates in place (an in-place ReLU on a view of its input) first, then the model's outputs."""
+        from torch.export.graph_signature import OutputKind
+
+        specs = self.edge.exported_program().graph_signature.output_specs
+        return slice(sum(1 for spec in specs if spec.kind == OutputKind.USER_INPUT_MUTATION), None)
+
+    @property
     def num_delegates(self) -> int:
         return sum(1 for node in self._top_nodes() if "executorch_call_delegate" in target_name(node))
 

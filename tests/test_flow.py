@@ -12,9 +12,11 @@ from testbed.tolerance import (
     FLOAT_SLACK,
     FP16_RTOL,
     FP16_SLACK,
+    MASK_SCALE,
     MAX_ERR_SLACK,
     float_tolerance,
     fp16_tolerance,
+    quant_step,
 )
 
 
@@ -146,6 +148,30 @@ def test_an_fp16_program_computing_the_wrong_thing_does_not_match() -> None:
 
     run.outputs = run_pte(run.lowered.buffer, (x.flip(0).half(),))
     assert run.mismatch() is not None and run.mismatch().startswith("max error")  # type: ignore[union-attr]
+
+
+def test_the_int8_step_leaves_out_the_scale_of_a_masks_fill_value() -> None:
+    """Fuzz seed 17: a mask filled with finfo.min quantized at a scale near 1e36 made any error pass."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    for scale in (0.05, torch.finfo(torch.float32).max / 255):
+        x = graph.call_function(torch.ops.quantized_decomposed.quantize_per_tensor.default,
+                                (x, scale, 0, -128, 127, torch.int8))
+    graph.output(x)
+    assert torch.finfo(torch.float32).max / 255 > MASK_SCALE
+    assert quant_step(torch.fx.GraphModule(torch.nn.Module(), graph), torch.zeros(1)) == 0.05
+
+
+class MutatesAView(nn.Module):
+    """Fuzz seed 220: an in-place ReLU on a view of the input; ExecuTorch returns the mutated input first."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu_(x.flatten(1)).sum(dim=1, keepdim=True)
+
+
+def test_a_program_mutating_its_input_is_compared_on_the_models_own_outputs() -> None:
+    run = lower_and_run(MutatesAView(), torch.randn(2, 3, 4), "float")
+    assert len(run.outputs) == 1 and run.mismatch() is None, run.mismatch()
 
 
 def test_the_fp16_flow_takes_a_module_not_a_program() -> None:
