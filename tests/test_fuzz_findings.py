@@ -296,3 +296,24 @@ def test_a_quantized_output_that_a_softmax_also_reads_lowers_to_one_delegate_and
     run = lower_and_run(ReturnedAndSoftmaxed().eval(), (torch.randn(2, 7, 4, 5),), "static int8")
     assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
     run.assert_matches()
+
+
+class CeilModePoolings(nn.Module):
+    """Seeds 159 and 163: ceil-mode max poolings, 3-D and 2-D, under a dynamic batch (1.5.1's
+    ``MaxPool2dConfig`` refuses a ceil mode under dynamic shapes: portable kernels between two delegates)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(3, 4, 3, padding=1)
+        self.pool3d = nn.MaxPool3d(kernel_size=(1, 2, 3), stride=(1, 2, 2), padding=(0, 0, 1), ceil_mode=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.pool3d(torch.relu(self.conv(x))).flatten(1, 2)
+        return F.max_pool2d(y, kernel_size=2, stride=2, ceil_mode=True)
+
+
+def test_ceil_mode_max_poolings_under_a_dynamic_batch_are_in_the_one_delegate() -> None:
+    torch.manual_seed(159)
+    run = lower_and_run(CeilModePoolings().eval(), (torch.randn(2, 3, 2, 7, 9),), dynamic_batch=(1, 3))
+    assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
