@@ -1,4 +1,5 @@
-"""Scaled dot-product attention, unmasked or with a constant mask, as bmm, softmax, bmm: same values, one delegate."""
+"""Scaled dot-product attention, unmasked, causal or with a constant mask, as bmm, softmax, bmm: same values, one
+delegate."""
 
 from __future__ import annotations
 
@@ -66,11 +67,35 @@ def test_an_attention_whose_mask_is_computed_at_run_time_is_left_and_reported_wi
     assert record.rule is Rule.NOT_REWRITTEN and "mask is computed at run time" in record.reason
 
 
-def test_a_causal_attention_is_left_and_one_with_a_constant_mask_or_none_is_rewritten() -> None:
+def test_an_attention_with_a_constant_mask_a_causal_one_or_none_is_rewritten() -> None:
     x = torch.randn(1, 5, 16)
-    assert _attentions(Attention(is_causal=True).eval(), x) == 1
+    assert _attentions(Attention(is_causal=True).eval(), x) == 0
     assert _attentions(Attention(attn_mask=torch.zeros(5, 5)).eval(), x) == 0
     assert _attentions(Attention().eval(), x) == 0
+
+
+def test_a_causal_attention_over_a_dynamic_length_is_left_and_reported_with_why() -> None:
+    x = torch.randn(1, 5, 16)
+    ep = torch.export.export(Attention(is_causal=True).eval(), (x,),
+                             dynamic_shapes=({1: torch.export.Dim("tokens", min=2, max=16)},))
+    (record,) = run_passes([AttentionAsBmmPass()], ep.module(), strict=True).report
+    assert "causal over a dynamic length" in record.reason
+
+
+class CrossCausal(torch.nn.Module):
+    """Causal attention of 3 queries over 5 keys: PyTorch's mask is the lower triangle of a 3 x 5 of ones."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("queries", [3, 5, 7])
+def test_a_causal_attention_rewritten_gives_eagers_values(queries: int) -> None:
+    q, k, v = torch.randn(2, 2, queries, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 4)
+    graph_module = torch.export.export(CrossCausal(), (q, k, v)).module()
+    assert run_passes([AttentionAsBmmPass()], graph_module, strict=True).report == ()
+    with torch.no_grad():
+        torch.testing.assert_close(graph_module(q, k, v), CrossCausal()(q, k, v), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("mask", [
@@ -87,9 +112,11 @@ def test_a_constant_mask_rewritten_gives_eagers_values(mask: torch.Tensor) -> No
         torch.testing.assert_close(graph_module(x), model(x), atol=1e-5, rtol=1e-5)
 
 
-def test_an_attention_block_lowers_to_one_delegate_and_matches_eager() -> None:
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_an_attention_block_lowers_to_one_delegate_and_matches_eager(is_causal: bool) -> None:
     torch.manual_seed(0)
-    lowered, out, reference, tolerance = lower_and_run(Attention().eval(), torch.randn(1, 6, 16), "float")
+    model = Attention(is_causal=is_causal).eval()
+    lowered, out, reference, tolerance = lower_and_run(model, torch.randn(1, 6, 16), "float")
     assert lowered.outside_ops() == {} and lowered.num_delegates == 1, lowered.outside_ops()
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 

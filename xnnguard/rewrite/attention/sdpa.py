@@ -1,8 +1,8 @@
 """``scaled_dot_product_attention`` as the two ``bmm`` and the softmax it computes.
 
-Invariant established: no ``scaled_dot_product_attention`` with a constant ``attn_mask`` or none,
-``is_causal=False``, ``dropout_p=0``, no grouped-query broadcast and equal batch dims of query, key and
-value is left. ``to_edge`` decomposes it into the math form, whose ``_safe_softmax`` (``eq``,
+Invariant established: no ``scaled_dot_product_attention`` with a constant ``attn_mask`` or none (or
+``is_causal`` over static lengths), ``dropout_p=0``, no grouped-query broadcast and equal batch dims of
+query, key and value is left. ``to_edge`` decomposes it into the math form, whose ``_safe_softmax`` (``eq``,
 ``logical_not``, ``any``, ``full_like``, ``where``: rows that are all ``-inf`` give 0 instead of NaN),
 ``mul.Scalar`` scalings and ``expand_copy`` operands ExecuTorch 1.5.1's XNNPACK partitioner has no
 configs for: each attention of Hiera, of an SDPA ViT (Hugging Face's VideoMAE) and of every tower that
@@ -11,7 +11,9 @@ passes a padding mask (Hugging Face's vision towers build one from the input's s
 
 The form: ``softmax((q * scale) @ k^T + mask, -1) @ v`` with both products as one ``bmm`` each on the batch
 dims flattened (``xnnguard.rewrite.views.matmul.matmul_as_bmm``); ``scale`` is the op's own (default
-``1/sqrt(E)``); a boolean mask is the additive one it stands for (0 where true, ``-inf`` where false). Why it
+``1/sqrt(E)``); a boolean mask is the additive one it stands for (0 where true, ``-inf`` where false); a
+causal attention's mask is PyTorch's own lower triangle of ones (fuzz seed 204: its decomposition's
+``arange``/``full`` arithmetic cut the program in three). Why it
 is exact: a constant mask is known here, so are its rows that are all ``-inf``; where there are such rows they
 are added as 0s (a softmax of all ``-inf`` is NaN, which no multiply takes back) and the output is multiplied
 by a constant that is 0 on them and 1 elsewhere: the 0 the safe softmax gives them (eager PyTorch too); every
@@ -90,7 +92,7 @@ def _arguments(node: torch.fx.Node) -> dict[str, object]:
 
 
 class AttentionAsBmmPass(NodeRewritePass):
-    """Rewrites each non-causal scaled dot-product attention with a constant mask or none into bmm, softmax, bmm."""
+    """Rewrites each scaled dot-product attention with a constant mask, a causal one or none into bmm, softmax, bmm."""
 
     rule = Rule.NOT_REWRITTEN  # reported; the portable kernels run what is left
     tags_what_it_leaves = False  # untagged: XNNPACK still takes what it can of the op as it is
@@ -102,8 +104,8 @@ class AttentionAsBmmPass(NodeRewritePass):
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         found = _arguments(node)
-        if found["is_causal"] or found["dropout_p"] or found["enable_gqa"]:
-            return "it is causal, drops out, or broadcasts key/value heads"
+        if found["dropout_p"] or found["enable_gqa"]:
+            return "it drops out or broadcasts key/value heads"
         q, k, v = found["query"], found["key"], found["value"]
         values = [tensor_value(t) for t in (q, k, v)]
         if any(value is None for value in values) or not all(isinstance(t, torch.fx.Node) for t in (q, k, v)):
@@ -126,7 +128,16 @@ class AttentionAsBmmPass(NodeRewritePass):
         factor = float(scale)
         assert isinstance(q, torch.fx.Node) and isinstance(k, torch.fx.Node) and isinstance(v, torch.fx.Node)
         inputs: list[torch.fx.Node | torch.Tensor] = [q, k, v]
-        if found["attn_mask"] is not None:
+        if found["is_causal"]:
+            if found["attn_mask"] is not None:
+                return "it is causal and masked (PyTorch refuses both)"
+            length, source = vq.shape[-2], vk.shape[-2]
+            if not (isinstance(length, int) and isinstance(source, int)):
+                return "it is causal over a dynamic length (its mask's size is known only at run time)"
+            causal = torch.ones(length, source, dtype=torch.bool).tril()  # PyTorch's own causal mask
+            mask, keep = rows_kept(additive_mask(causal, vq.dtype))
+            inputs += [mask] if keep is None else [mask, keep]
+        elif found["attn_mask"] is not None:
             value = constant_value(graph_module, found["attn_mask"])
             if value is None:
                 return "its mask is computed at run time (which rows are all -inf is known only then)"
