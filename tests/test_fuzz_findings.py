@@ -317,3 +317,21 @@ def test_ceil_mode_max_poolings_under_a_dynamic_batch_are_in_the_one_delegate() 
     run = lower_and_run(CeilModePoolings().eval(), (torch.randn(2, 3, 2, 7, 9),), dynamic_batch=(1, 3))
     assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
     run.assert_matches()
+
+
+class SevenDimLinear(nn.Module):
+    """Seed 111: a linear on a 7-D input (int8: its dq at 7 dims stayed outside, and the linear with it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).transpose(1, 5)[:, :, :, [1]]
+
+
+def test_a_quantized_linear_on_a_7d_input_is_delegated() -> None:
+    torch.manual_seed(111)
+    run = lower_and_run(SevenDimLinear().eval(), (torch.randn(2, 3, 1, 2, 1, 3, 4),), "static int8")
+    assert run.lowered.num_delegates == 1 and run.lowered.delegated_ops()["linear"] == 1, run.lowered.outside_ops()
+    run.assert_matches()

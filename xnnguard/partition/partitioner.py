@@ -17,8 +17,9 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
   whose indices nobody reads is written ``max_pool2d`` (``ValuesOnlyMaxPoolPass``), a ``detach`` inside the
   graph is dropped (``InferenceDetachPass``), and a graph output that other ops read dequantized gets a
   dequantize of its own (``OutputDequantizePass``: ExecuTorch's channels-last pass would otherwise point
-  the delegate's output at a node without a value). ExecuTorch 1.5 runs them
-  through ``transform_for_pre_decomposition``; 1.4, which has no such hook
+  the delegate's output at a node without a value), and a dequantize above 6 dims read by views to fewer
+  dims dequantizes after them (``LowRankDequantizePass``: the linear behind it joins a partition).
+  ExecuTorch 1.5 runs them through ``transform_for_pre_decomposition``; 1.4, which has no such hook
   (``xnnguard.boundary.releases.has_pre_decomposition_hook``), through the first ``ops_to_not_decompose`` call,
   which 1.4 makes at the same point: on its own copy of the ATen program, before any decomposition;
   at the same point, a view with one dynamic dim (a dynamic batch) is written with -1 for it
@@ -67,6 +68,7 @@ from xnnguard.report import KeptOut, Rule, summarize
 from xnnguard.rewrite.forms.float_scalars import FloatScalarsPass
 from xnnguard.rewrite.forms.inference_detach import InferenceDetachPass
 from xnnguard.rewrite.forms.inferred_view import InferredViewPass
+from xnnguard.rewrite.forms.low_rank_dequantize import LowRankDequantizePass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
 from xnnguard.rewrite.forms.output_dequantize import OutputDequantizePass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
@@ -248,7 +250,8 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
 def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[NodeRewritePass]:
     """The rewrites that have work on ``graph_module``: a max over H or W, a PReLU of another rank, an
     integer scalar operand of a float op, a requantization after a high-rank view, a max pooling whose
-    indices nobody reads, a ``detach``, a graph output that shares its dequantize."""
+    indices nobody reads, a ``detach``, a graph output that shares its dequantize, a high-rank dequantize
+    read by views to fewer dims."""
     forms = (
         MaxKeepdimPass(),
         PReLUTo4dPass(),
@@ -257,6 +260,7 @@ def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[Node
         ValuesOnlyMaxPoolPass(),
         InferenceDetachPass(),
         OutputDequantizePass(),
+        LowRankDequantizePass(),
     )
     return [rewrite for rewrite in forms if rewrite.applies_to(graph_module)]
 

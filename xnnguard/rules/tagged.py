@@ -12,7 +12,7 @@ before ``rewrite_for_xnnpack`` re-exports survives to the partitioner.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from xnnguard.report import Rule
 from xnnguard.rules.rule import RuleCheck, Scope
@@ -20,7 +20,16 @@ from xnnguard.rules.rule import RuleCheck, Scope
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DO_NOT_DELEGATE", "DO_NOT_DELEGATE_RULE", "RULE", "tag", "tag_of", "tagged_rule", "tagged_violation"]
+__all__ = [
+    "DO_NOT_DELEGATE",
+    "DO_NOT_DELEGATE_RULE",
+    "RULE",
+    "tag",
+    "tag_of",
+    "tagged_rule",
+    "tagged_violation",
+    "untagged_meta",
+]
 
 DO_NOT_DELEGATE = "xnnguard_do_not_delegate"
 DO_NOT_DELEGATE_RULE = "xnnguard_do_not_delegate_rule"  # the Rule value of a tag xnnguard set
@@ -43,6 +52,16 @@ def tag(node: torch.fx.Node, reason: str, rule: Rule = Rule.USER_TAG) -> None:
     node.meta[DO_NOT_DELEGATE] = custom[DO_NOT_DELEGATE] = reason
     if rule is not Rule.USER_TAG:
         node.meta[DO_NOT_DELEGATE_RULE] = custom[DO_NOT_DELEGATE_RULE] = rule.value
+
+
+def untagged_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a node's ``meta`` without a do-not-delegate tag: for a node a rewrite makes in the place
+    of a tagged one, which the tag's reason does not apply to."""
+    keys = (DO_NOT_DELEGATE, DO_NOT_DELEGATE_RULE)
+    copied = {key: value for key, value in meta.items() if key not in keys}
+    if isinstance(copied.get(_CUSTOM), dict):
+        copied[_CUSTOM] = {key: value for key, value in copied[_CUSTOM].items() if key not in keys}
+    return copied
 
 
 def tag_of(node: torch.fx.Node) -> str | None:
