@@ -335,3 +335,30 @@ def test_a_quantized_linear_on_a_7d_input_is_delegated() -> None:
     run = lower_and_run(SevenDimLinear().eval(), (torch.randn(2, 3, 1, 2, 1, 3, 4),), "static int8")
     assert run.lowered.num_delegates == 1 and run.lowered.delegated_ops()["linear"] == 1, run.lowered.outside_ops()
     run.assert_matches()
+
+
+class DilatedTransposedConv(nn.Module):
+    """Seed 232: a transposed convolution at stride 1, dilation 2 and output padding 1, which PyTorch allows
+    (below the dilation) and XNNPACK refuses at run (not below the stride): 1.5.1 lowered it and failed."""
+
+    def __init__(self, padding: int) -> None:
+        super().__init__()
+        self.deconv = nn.ConvTranspose2d(3, 4, kernel_size=3, padding=padding, output_padding=1, dilation=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.deconv(x))
+
+
+def test_a_transposed_conv_with_an_output_padding_within_its_padding_is_a_slice_of_one_xnnpack_takes() -> None:
+    torch.manual_seed(232)
+    run = lower_and_run(DilatedTransposedConv(padding=2).eval(), (torch.randn(2, 3, 6, 5),))
+    assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
+
+
+def test_a_transposed_conv_with_an_output_padding_past_its_padding_runs_on_the_portable_kernel() -> None:
+    torch.manual_seed(232)
+    run = lower_and_run(DilatedTransposedConv(padding=0).eval(), (torch.randn(2, 3, 6, 5),))
+    assert run.lowered.outside_ops() == {"convolution": 1}, run.lowered.outside_ops()
+    assert any("output padding exceeds its padding" in record.reason for record in run.rewrite_report)
+    run.assert_matches()

@@ -19,6 +19,7 @@ from torch.fx.passes.infra.pass_base import PassBase
 
 from xnnguard.report import KeptOut, summarize
 from xnnguard.rewrite import attention, batch_norm, fold, layout, upsample, views
+from xnnguard.rewrite.conv import TransposedOutputPaddingPass
 from xnnguard.rewrite.conv3d.batch_norm3d import RewriteBatchNorm3dPass
 from xnnguard.rewrite.conv3d.conv3d import RewriteConv3dPass
 from xnnguard.rewrite.conv3d.conv_transpose3d import RewriteConvTranspose3dPass
@@ -67,6 +68,7 @@ def default_rewrites(*, strict: bool = False) -> list[PassBase]:
         RewriteAdaptiveMaxPoolPass(),
         RewriteAdaptiveAvgPoolPass(),
         RewritePool3dPass(),
+        TransposedOutputPaddingPass(),
         ReduceRankPass(strict=strict),
         *norm_passes(),
         *reduce_passes(),
