@@ -362,3 +362,21 @@ def test_a_transposed_conv_with_an_output_padding_past_its_padding_runs_on_the_p
     assert run.lowered.outside_ops() == {"convolution": 1}, run.lowered.outside_ops()
     assert any("output padding exceeds its padding" in record.reason for record in run.rewrite_report)
     run.assert_matches()
+
+
+class CeilModeSubsampling(nn.Module):
+    """Seed 263: ``MaxPool2d((1, 2), stride=2, ceil_mode=True)``, a stride above the kernel in ceil mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.pool = nn.Conv2d(3, 4, 3, padding=1), nn.MaxPool2d((1, 2), stride=2, ceil_mode=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(torch.relu(self.conv(x))).mean(dim=(2, 3))
+
+
+def test_a_ceil_mode_max_pooling_with_a_stride_above_its_kernel_is_in_the_one_delegate() -> None:
+    torch.manual_seed(263)
+    run = lower_and_run(CeilModeSubsampling().eval(), (torch.randn(2, 3, 5, 7),))
+    assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()

@@ -20,7 +20,7 @@ from torch.fx.passes.infra.pass_base import PassBase
 from xnnguard.rewrite.reduce.adaptive_avg import RewriteAdaptiveAvgPoolPass
 from xnnguard.rewrite.reduce.adaptive_max import RewriteAdaptiveMaxPoolPass
 from xnnguard.rewrite.reduce.avg_pool2d import RewriteAvgPool2dPass
-from xnnguard.rewrite.reduce.ceil_max_pool import RewriteDynamicCeilMaxPool2dPass
+from xnnguard.rewrite.reduce.ceil_max_pool import RewriteCeilMaxPool2dPass
 from xnnguard.rewrite.reduce.extrema import RewriteExtremumPass
 from xnnguard.rewrite.reduce.keepdim_mean import MeanKeepdimPass
 from xnnguard.rewrite.reduce.power import RewritePowerPass
@@ -33,7 +33,7 @@ __all__ = [
     "RewriteAdaptiveAvgPoolPass",
     "RewriteAdaptiveMaxPoolPass",
     "RewriteAvgPool2dPass",
-    "RewriteDynamicCeilMaxPool2dPass",
+    "RewriteCeilMaxPool2dPass",
     "RewriteExtremumPass",
     "RewritePowerPass",
     "RewriteStridedMaxPool2dPass",
@@ -60,6 +60,6 @@ def passes() -> list[PassBase]:
         RewriteSumPass(),
         RewriteExtremumPass(),
         RewriteAvgPool2dPass(),
-        RewriteDynamicCeilMaxPool2dPass(),
+        RewriteCeilMaxPool2dPass(),
         RewriteStridedMaxPool2dPass(),
     ]

@@ -1,10 +1,12 @@
-"""A ceil-mode 2-D max pooling under dynamic shapes as an explicit ``-inf`` pad and a floor-mode pooling.
+"""A ceil-mode 2-D max pooling XNNPACK refuses as an explicit ``-inf`` pad and a floor-mode pooling.
 
 Invariant established: no ``max_pool2d`` (or ``max_pool2d_with_indices`` whose indices nobody reads) in
-ceil mode over a static (H, W) of a tensor with a dynamic dim (a dynamic batch) is left. ExecuTorch
-1.5.1's ``MaxPool2dConfig`` writes ceil mode as padding it computes from static shapes, and refuses it
-under any dynamic dim: the pooling ran on portable kernels between two delegates (fuzz seeds 159, 163 and
-196 with a dynamic batch; a 3-D max pooling in ceil mode, whose 2-D stages keep it, too).
+ceil mode over a static (H, W) of a tensor with a dynamic dim (a dynamic batch), or with a stride above
+its kernel, is left. ExecuTorch 1.5.1's ``MaxPool2dConfig`` writes ceil mode as padding it computes from
+static shapes, and refuses it under any dynamic dim: the pooling ran on portable kernels between two
+delegates (fuzz seeds 159, 163 and 196 with a dynamic batch; a 3-D max pooling in ceil mode, whose 2-D
+stages keep it, too). A stride above the kernel it refuses in any mode; the floor-mode pooling this pass
+leaves is then ``strided_max_pool``'s (fuzz seed 263: ``MaxPool2d((1, 2), stride=2, ceil_mode=True)``).
 
 The form: the ceil-mode windows past the input's end, padded with ``-inf`` (``size_args.ceil_extra``),
 then the same pooling in floor mode. Exact: a ceil-mode window starts inside the input or its left
@@ -27,7 +29,7 @@ from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import user_kept_out
 from xnnguard.rewrite.size_args import Pair, ceil_extra, pair
 
-__all__ = ["RewriteDynamicCeilMaxPool2dPass", "ceil_max_pool2d"]
+__all__ = ["RewriteCeilMaxPool2dPass", "ceil_max_pool2d"]
 
 _aten = torch.ops.aten
 _POOLS = {_aten.max_pool2d.default, _aten.max_pool2d_with_indices.default}
@@ -45,19 +47,23 @@ def _has_dynamic_dim(value: torch.Tensor) -> bool:
     return not all(isinstance(size, int) for size in value.shape)
 
 
-class RewriteDynamicCeilMaxPool2dPass(NodeRewritePass):
-    """Replaces each ceil-mode 2-D max pooling of a tensor with a dynamic dim by a pad and a floor-mode one."""
+class RewriteCeilMaxPool2dPass(NodeRewritePass):
+    """Replaces each ceil-mode 2-D max pooling XNNPACK refuses by a pad and a floor-mode one."""
 
     rule = Rule.NOT_REWRITTEN
     tags_what_it_leaves = False  # the partitioner decides about what is left
-    subject = "ceil-mode 2-D max pooling under dynamic shapes"
+    subject = "ceil-mode 2-D max pooling (under dynamic shapes, or with a stride above its kernel)"
 
     def picks(self, node: torch.fx.Node) -> bool:
         if node.op != "call_function" or node.target not in _POOLS or user_kept_out(node):
             return False
         value = tensor_value(node.args[0])
         arguments = schema_arguments(node) or {}
-        return bool(arguments.get("ceil_mode", False)) and value is not None and _has_dynamic_dim(value)
+        if not bool(arguments.get("ceil_mode", False)) or value is None:
+            return False
+        kernel = pair(arguments.get("kernel_size"))
+        stride = pair(arguments.get("stride", []), default=kernel)
+        return _has_dynamic_dim(value) or any(s > k for s, k in zip(stride, kernel))
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         users = values_only_users(node) if node.target is _aten.max_pool2d_with_indices.default else [node]
