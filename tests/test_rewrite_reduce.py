@@ -317,6 +317,17 @@ def test_a_float16_mean_of_large_values_never_overflows_in_its_partial_sums() ->
     run.assert_matches()
 
 
+@pytest.mark.parametrize("length", [10, 1000])
+def test_a_float16_log_softmax_runs_on_xnnpack_within_a_few_roundings_of_eager_float16(length: int) -> None:
+    """Fuzz seeds 106, 126, 225: a float16 log-softmax was left to portable kernels, between two delegates.
+    Its sum of exponentials, each at most 1 and the largest exactly 1, accumulates in float16 stages."""
+    torch.manual_seed(0)
+    model = Net(lambda _, x: torch.log_softmax(x, dim=-1))
+    run = lower_and_run(model, 4 * torch.randn(3, 5, length), "fp16")
+    assert run.lowered.outside_ops() == {} and run.lowered.num_delegates == 1, run.lowered.outside_ops()
+    torch.testing.assert_close(run.out, run.reference, atol=fp16_tolerance(run.reference), rtol=0)
+
+
 def test_a_float16_variance_of_deviations_whose_squares_overflow_matches_eager_float16() -> None:
     """``d * d`` overflows float16 from |d| = 256; PyTorch's float16 var, computed in float32, does not."""
     model = Net(lambda _, x: torch.var(x, -1) + torch.std(x, -1))
