@@ -20,20 +20,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from xnnguard.graph.args import schema_arguments
-from xnnguard.graph.ops import values_only_users
 from xnnguard.graph.shapes import tensor_value
 from xnnguard.report import Rule
-from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import user_kept_out
-from xnnguard.rewrite.size_args import Pair, ceil_extra, pair
+from xnnguard.rewrite.reduce.max_pool2d import POOLS, MaxPool2d, pooled_input, replace_pooling
+from xnnguard.rewrite.size_args import Pair, ceil_extra
 
 __all__ = ["RewriteCeilMaxPool2dPass", "ceil_max_pool2d"]
-
-_aten = torch.ops.aten
-_POOLS = {_aten.max_pool2d.default, _aten.max_pool2d_with_indices.default}
-
 
 def ceil_max_pool2d(x: torch.Tensor, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair) -> torch.Tensor:
     """``F.max_pool2d(x, ..., ceil_mode=True)`` of a 4-D ``x`` with a static (H, W), in floor mode."""
@@ -55,35 +49,20 @@ class RewriteCeilMaxPool2dPass(NodeRewritePass):
     subject = "ceil-mode 2-D max pooling (under dynamic shapes, or with a stride above its kernel)"
 
     def picks(self, node: torch.fx.Node) -> bool:
-        if node.op != "call_function" or node.target not in _POOLS or user_kept_out(node):
+        if node.op != "call_function" or node.target not in POOLS or user_kept_out(node):
             return False
-        value = tensor_value(node.args[0])
-        arguments = schema_arguments(node) or {}
-        if not bool(arguments.get("ceil_mode", False)) or value is None:
+        value, pool = tensor_value(node.args[0]), MaxPool2d.of(node)
+        if not pool.ceil_mode or value is None:
             return False
-        kernel = pair(arguments.get("kernel_size"))
-        stride = pair(arguments.get("stride", []), default=kernel)
-        return _has_dynamic_dim(value) or any(s > k for s, k in zip(stride, kernel))
+        return _has_dynamic_dim(value) or any(s > k for s, k in zip(pool.stride, pool.kernel))
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
-        users = values_only_users(node) if node.target is _aten.max_pool2d_with_indices.default else [node]
-        if users is None:
-            return "its indices are used"
-        x = node.args[0]
-        value = tensor_value(x)
-        if not isinstance(x, torch.fx.Node) or value is None or value.dim() != 4:
-            return "its input is not a 4-D tensor"
-        if not all(isinstance(size, int) for size in value.shape[2:]):
+        pooled = pooled_input(node)
+        if isinstance(pooled, str):
+            return pooled
+        if not all(isinstance(size, int) for size in pooled.value.shape[2:]):
             return "a dynamic height or width: which ceil-mode windows exist depends on it"
-        arguments = schema_arguments(node) or {}
-        kernel = pair(arguments.get("kernel_size"))
-        stride = pair(arguments.get("stride", []), default=kernel)
-        padding, dilation = pair(arguments.get("padding", 0)), pair(arguments.get("dilation", 1))
-        output = splice_before(
-            graph_module, node, lambda x_: ceil_max_pool2d(x_, kernel, stride, padding, dilation), [x]
-        )
-        for user in users:
-            user.replace_all_uses_with(output)
-            if user is not node:
-                graph_module.graph.erase_node(user)
+        pool = MaxPool2d.of(node)
+        replace_pooling(graph_module, node, pooled,
+                        lambda x: ceil_max_pool2d(x, pool.kernel, pool.stride, pool.padding, pool.dilation))
         return None

@@ -18,21 +18,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from xnnguard.graph.args import schema_arguments
-from xnnguard.graph.ops import values_only_users
-from xnnguard.graph.shapes import tensor_value
 from xnnguard.report import Rule
 from xnnguard.rewrite.conv3d.strided_select import select_every
-from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import user_kept_out
-from xnnguard.rewrite.size_args import Pair, pair, pooled_length
+from xnnguard.rewrite.reduce.max_pool2d import POOLS, MaxPool2d, pooled_input, replace_pooling
+from xnnguard.rewrite.size_args import Pair, pooled_length
 
 __all__ = ["RewriteStridedMaxPool2dPass", "strided_max_pool2d"]
-
-_aten = torch.ops.aten
-_POOLS = {_aten.max_pool2d.default, _aten.max_pool2d_with_indices.default}
-
 
 def strided_max_pool2d(x: torch.Tensor, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair) -> torch.Tensor:
     """``F.max_pool2d(x, kernel, stride, padding, dilation)`` (floor mode) of a 4-D ``x``, for any stride."""
@@ -57,40 +50,25 @@ class RewriteStridedMaxPool2dPass(NodeRewritePass):
     subject = "2-D max pooling with a stride above its kernel"
 
     def picks(self, node: torch.fx.Node) -> bool:
-        if node.op != "call_function" or node.target not in _POOLS or user_kept_out(node):
+        if node.op != "call_function" or node.target not in POOLS or user_kept_out(node):
             return False
-        arguments = schema_arguments(node) or {}
-        kernel = pair(arguments.get("kernel_size"))
-        stride = pair(arguments.get("stride", []), default=kernel)
-        return stride[0] > kernel[0] or stride[1] > kernel[1]
+        pool = MaxPool2d.of(node)
+        return pool.stride[0] > pool.kernel[0] or pool.stride[1] > pool.kernel[1]
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
-        users = values_only_users(node) if node.target is _aten.max_pool2d_with_indices.default else [node]
-        if users is None:
-            return "its indices are used"
-        x = node.args[0]
-        value = tensor_value(x)
-        if not isinstance(x, torch.fx.Node) or value is None or value.dim() != 4:
-            return "its input is not a 4-D tensor"
-        if not all(isinstance(size, int) for size in value.shape[1:]):
+        pooled = pooled_input(node)
+        if isinstance(pooled, str):
+            return pooled
+        if not all(isinstance(size, int) for size in pooled.value.shape[1:]):
             return "a dynamic channel count, height or width"
-        arguments = schema_arguments(node) or {}
-        kernel = pair(arguments.get("kernel_size"))
-        stride = pair(arguments.get("stride", []), default=kernel)
-        padding, dilation = pair(arguments.get("padding", 0)), pair(arguments.get("dilation", 1))
-        ceil_mode = bool(arguments.get("ceil_mode", False))
-        sizes = [int(value.shape[2 + d]) for d in (0, 1)]
-        if ceil_mode and any(
-            pooled_length(sizes[d], kernel[d], stride[d], padding[d], dilation[d], True)
-            != pooled_length(sizes[d], kernel[d], stride[d], padding[d], dilation[d], False)
+        pool = MaxPool2d.of(node)
+        sizes = [int(pooled.value.shape[2 + d]) for d in (0, 1)]
+        if pool.ceil_mode and any(
+            pooled_length(sizes[d], pool.kernel[d], pool.stride[d], pool.padding[d], pool.dilation[d], True)
+            != pooled_length(sizes[d], pool.kernel[d], pool.stride[d], pool.padding[d], pool.dilation[d], False)
             for d in (0, 1)
         ):
             return "a ceil-mode window past the input"
-        output = splice_before(
-            graph_module, node, lambda x_: strided_max_pool2d(x_, kernel, stride, padding, dilation), [x]
-        )
-        for user in users:
-            user.replace_all_uses_with(output)
-            if user is not node:
-                graph_module.graph.erase_node(user)
+        replace_pooling(graph_module, node, pooled,
+                        lambda x: strided_max_pool2d(x, pool.kernel, pool.stride, pool.padding, pool.dilation))
         return None
