@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-import torch.utils._pytree as pytree
 from torch.fx.passes.infra.pass_base import PassBase
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from testbed.fp16_kernels import kernel_error_outputs
+from testbed.fp16_kernels import call_in_half, kernel_error_outputs
 from testbed.lowered import Lowered, lower
 from testbed.quantize import Precision, is_dynamic, quantize_pt2e, xnnguard_quantizer, xnnpack_quantizer
 from testbed.tolerance import dynamic_step, float_tolerance, fp16_tolerance, int8_tolerance
@@ -170,15 +169,7 @@ class _HalfOpsInFloat32(TorchDispatchMode):
     """Runs an op PyTorch has no float16 CPU kernel for (``avg_pool3d``) on float32 copies, rounded back."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        try:
-            return func(*args, **kwargs)
-        except (NotImplementedError, RuntimeError) as error:
-            if "Half" not in str(error):
-                raise
-        up = pytree.tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype == torch.float16 else t, (args, kwargs))
-        out = func(*up[0], **up[1])
-        return pytree.tree_map_only(torch.Tensor, lambda t: t.half() if t.dtype == torch.float32 else t, out)
+        return call_in_half(func, args, kwargs or {})
 
 
 def half_reference(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:

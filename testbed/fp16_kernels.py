@@ -41,6 +41,7 @@ __all__ = [
     "TRANSCENDENTAL_ULPS",
     "TRIALS",
     "accumulation_ulps",
+    "call_in_half",
     "kernel_error_outputs",
 ]
 
@@ -102,11 +103,23 @@ def _kernel_ulps(func: Any, args: Sequence[Any]) -> float:
     return 0.0  # views, copies, selections, pooling by max: the same values on both sides
 
 
+def call_in_half(func: Any, args: Any, kwargs: Any) -> Any:
+    """``func(*args, **kwargs)``; an op PyTorch has no float16 CPU kernel for (``avg_pool3d``) runs on
+    float32 copies, rounded back to float16, as PyTorch's float16 ops compute."""
+    try:
+        return func(*args, **kwargs)
+    except (NotImplementedError, RuntimeError) as error:
+        if "Half" not in str(error):
+            raise
+    up = pytree.tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype == torch.float16 else t, (args, kwargs))
+    out = func(*up[0], **up[1])
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.half() if t.dtype == torch.float32 else t, out)
+
+
 class _KernelError(TorchDispatchMode):
     """Moves every float16 op result by a normal draw with its XNNPACK kernel's average error (``_kernel_ulps``).
 
-    An op PyTorch has no float16 CPU kernel for runs on float32 copies, as ``testbed.flow.half_reference``
-    does.
+    An op PyTorch has no float16 CPU kernel for runs on float32 copies (``call_in_half``).
     """
 
     def __init__(self, generator: torch.Generator) -> None:
@@ -114,16 +127,7 @@ class _KernelError(TorchDispatchMode):
         self.generator = generator
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        try:
-            out = func(*args, **kwargs)
-        except (NotImplementedError, RuntimeError) as error:
-            if "Half" not in str(error):
-                raise
-            up = pytree.tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype == torch.float16 else t,
-                                      (args, kwargs))
-            out = pytree.tree_map_only(torch.Tensor, lambda t: t.half() if t.dtype == torch.float32 else t,
-                                       func(*up[0], **up[1]))
+        out = call_in_half(func, args, kwargs or {})
         ulps = _kernel_ulps(func, args)
         if ulps == 0.0:
             return out
