@@ -15,13 +15,14 @@ exactly 0), ``rstd = rsqrt(q + eps/s/s) / s`` with ``q * s * s`` the second mome
 overflow (``second_moment``), and every norm ``d * scale + bias``: ``x * scale + shift`` would lose the
 bias of a block of equal values, whose ``scale`` reaches ``1/sqrt(eps)``, to the rounding of ``x * scale``.
 
-Then ``d * rstd * weight + bias`` for a layer norm (the weight varies along the row), and
-``x * scale + shift`` per channel for the others (``scale = rstd * weight``, ``shift = bias - mean *
-scale``: the form of PyTorch's own CPU kernels for group and batch norm, one multiply and one add over
-the tensor). The sums add the same elements in another order. ``eps`` and ``1/K`` are constant tensors
-(attributes), so XNNPACK reads them as static values and no scalar is left for a portable kernel to
-convert. As in the reductions, no dims of the input are merged by a view; a group norm splits the
-channels into ``(groups, channels per group)``, which is a view for any strides.
+Then ``d * rstd * weight + bias`` for a layer norm (the weight varies along the row), and ``d * scale +
+bias`` per channel for the others (``scale = rstd * weight``): one multiply and one add over the tensor.
+Not ``x * scale + (bias - mean * scale)``, PyTorch's CPU kernels' form, which they compute in one fused
+multiply-add: XNNPACK's multiply rounds ``x * scale`` at ``|x| / std``, far above the result for a block
+of nearly equal values (fuzz seed 455). The sums add the same elements in another order. ``eps`` and
+``1/K`` are constant tensors (attributes), so XNNPACK reads them as static values and no scalar is left
+for a portable kernel to convert. As in the reductions, no dims of the input are merged by a view; a
+group norm splits the channels into ``(groups, channels per group)``, which is a view for any strides.
 
 An affine weight or bias computed from parameters alone (a parameter, or the ``repeat`` of one that an
 instance norm decomposes into) becomes a constant of the shape it is broadcast at; any other is

@@ -14,9 +14,10 @@ delegates.
 * A batch norm with batch statistics normalizes each channel over the batch and the positions: with a
   batch of 1 that is the instance norm again; with more, the mean and variance sum each sample's
   positions (trailing: no permute), then transpose the small ``(N, C)`` sums and sum the batch (a
-  dynamic batch: declined, that sum would have a dynamic length), and ``x * scale + shift`` is computed
-  per channel on the input as it is. The input itself is never permuted: in static int8 a permute of a
-  quantized conv's output makes XNNPACK 1.5.1 fail to propagate shapes at run time.
+  dynamic batch: declined, that sum would have a dynamic length), and ``d * scale + bias`` is computed
+  per channel on the deviations, as in a group norm (``group_norm_form`` says why). The input itself
+  is never permuted: in static int8 a permute of a quantized conv's output makes XNNPACK 1.5.1 fail to
+  propagate shapes at run time.
 * An instance norm with running statistics (``use_input_stats=False``: ``track_running_stats`` in eval)
   is ``x * scale + shift`` per channel, with ``scale = weight / sqrt(running_var + eps)`` and ``shift =
   bias - running_mean * scale`` computed once (PyTorch's inference batch norm computes the same).
@@ -83,7 +84,7 @@ def _running_stats_form(graph_module: torch.fx.GraphModule, arguments: Mapping[s
 
 
 def _batch_stats_form(graph_module: torch.fx.GraphModule, arguments: Mapping[str, object]) -> Form | str:
-    """``x * scale + shift`` per channel, the statistics of each channel over batch and positions."""
+    """``d * scale + bias`` per channel, the statistics of each channel over batch and positions."""
     x = arguments["input"]
     assert isinstance(x, torch.fx.Node)
     shape = x.meta["val"].shape
@@ -120,11 +121,9 @@ def _batch_stats_form(graph_module: torch.fx.GraphModule, arguments: Mapping[str
             q, s = second_moment(centered, lambda t: channel_mean(t, weights))
             per_channel = torch.rsqrt(q + eps_ / s / s) / s * shaped(weight_, channel)
             return centered * per_channel + shaped(bias_, channel)
-        mean = channel_mean(x_, weights)
-        centered = x_ - mean
+        centered = x_ - channel_mean(x_, weights)
         per_channel = torch.rsqrt(channel_mean(centered * centered, weights) + eps_) * shaped(weight_, channel)
-        offset = shaped(bias_, channel) - mean * per_channel
-        return x_ * per_channel + offset
+        return centered * per_channel + shaped(bias_, channel)
 
     return batch_norm, [x, eps_constant(float(eps), dtype), *constants, *averages]
 
