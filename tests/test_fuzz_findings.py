@@ -380,3 +380,36 @@ def test_a_ceil_mode_max_pooling_with_a_stride_above_its_kernel_is_in_the_one_de
     run = lower_and_run(CeilModeSubsampling().eval(), (torch.randn(2, 3, 5, 7),))
     assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
     run.assert_matches()
+
+
+
+class StdThenGroupNorm(nn.Module):
+    """Seed 455: an instance norm, a ``std`` over depth, a window partition, then a group norm over groups of
+    two nearly equal values, whose spread is far below their magnitude."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inorm = nn.InstanceNorm3d(2, track_running_stats=True)
+        nn.init.uniform_(self.inorm.running_mean, -0.5, 0.5)
+        nn.init.uniform_(self.inorm.running_var, 0.5, 2.0)
+        self.norm = nn.GroupNorm(2, 2)
+        nn.init.uniform_(self.norm.weight, 0.5, 1.5)
+        nn.init.uniform_(self.norm.bias, -0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = torch.std(self.inorm(x + F.silu(x)), dim=2, correction=0, keepdim=True)
+        windows = v.permute(0, 2, 3, 4, 1).reshape(-1, 1, 1, 2, 2, 5, 1, 2).permute(0, 1, 3, 5, 2, 4, 6, 7)
+        return self.norm(windows.reshape(-1, 2, 2) / 0.25)
+
+
+@pytest.mark.parametrize("dynamic_batch", [(), (1, 3)])
+def test_a_group_norm_of_nearly_equal_values_matches_eager_float32(dynamic_batch: tuple[int, ...]) -> None:
+    """``x * scale + shift`` rounds ``x * scale`` at ``|x| / std``, far above the result: 2.1e-5 off at an
+    output of 1, where the tolerance is 1.1e-5 (stock 1.5.1 fails to run it)."""
+    torch.manual_seed(455)
+    model = StdThenGroupNorm().eval()
+    x = torch.randn(2, 2, 8, 4, 5, generator=torch.Generator().manual_seed(455))
+    run = lower_and_run(model, x, "float", dynamic_batch=dynamic_batch)
+    assert run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    run.assert_matches()
+
