@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from testbed.fp16_kernels import call_in_half, kernel_error_outputs
 from testbed.lowered import Lowered, lower
 from testbed.quantize import Precision, is_dynamic, quantize_pt2e, xnnguard_quantizer, xnnpack_quantizer
+from testbed.rounding_floor import one_step_errors
 from testbed.tolerance import dynamic_step, float_tolerance, fp16_tolerance, int8_tolerance
 
 __all__ = ["STAGES", "Each", "FlowError", "Inputs", "Run", "half_reference", "lower_and_run", "rewritten"]
@@ -277,14 +278,15 @@ def lower_and_run(
             with torch.no_grad():
                 references = [out for run in runs for out in _as_list(converted(*run))]
             activation_step = dynamic_step(converted, runs) if dynamic else 0.0
+            one_step = [] if dynamic else [error for run in runs for error in one_step_errors(converted, run)]
         with _stage("reexport"):
             program = torch.export.export(converted, inputs, dynamic_shapes=dynamic_shapes)
         with _stage("lower"):
             lowered = lower(program, inputs, partitioner, via_to_backend=via_to_backend,
                             transform_passes=transform_passes)
         tolerance = max(int8_tolerance(converted, ref, dynamic=dynamic, float_reference=flt,
-                                       activation_step=activation_step)
-                        for ref, flt in zip(references, float_outputs))
+                                       activation_step=activation_step, one_step=moved)
+                        for ref, flt, moved in zip(references, float_outputs, one_step or [0.0] * len(references)))
     outputs = _load_and_run(lowered, runs)
     return Run(lowered, outputs, references, tolerance,
                rewrite_report=list(getattr(rewriter, "report", [])),

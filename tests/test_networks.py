@@ -65,6 +65,15 @@ def test_the_rounding_floor_is_the_largest_of_its_draws() -> None:
     assert rounding_floor(converted, inputs, 0.01, seeds=3) == draws[2]
 
 
+def test_a_small_programs_one_step_floor_moves_at_least_one_element_of_every_activation() -> None:
+    """Of a small network's activations, ``FRACTION`` of the elements is none: the small floor still moves one."""
+    from testbed.rounding_floor import one_step_errors, rounding_floor
+
+    converted, inputs = _converted_conv_relu_conv()
+    assert rounding_floor(converted, inputs, 0.0) == 0.0
+    assert one_step_errors(converted, inputs, fraction=0.0)[0] > 0.0
+
+
 def test_xnnpacks_dynamically_quantized_conv_quantizes_each_image_of_the_batch_on_its_own() -> None:
     """Why ``network_report`` takes a dynamic int8 result no further from float than its reference.
 
