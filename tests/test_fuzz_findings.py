@@ -364,6 +364,27 @@ def test_a_transposed_conv_with_an_output_padding_past_its_padding_runs_on_the_p
     run.assert_matches()
 
 
+class NormOfOneElementSoftmax(nn.Module):
+    """Seed 271: a softmax over a batch of 1 (all ones), then a layer norm of those ones, which multiplies
+    any rounding of them by ``1 / sqrt(eps)``: PyTorch gives exactly the bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.norm = nn.Linear(23, 23), nn.LayerNorm(23)
+        nn.init.uniform_(self.norm.bias, -0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(torch.softmax(self.fc(x), dim=0))
+
+
+def test_a_layer_norm_of_a_one_element_softmax_is_exactly_its_bias() -> None:
+    torch.manual_seed(271)
+    model = NormOfOneElementSoftmax().eval()
+    run = lower_and_run(model, (torch.randn(1, 11, 23),))
+    assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
+    assert torch.equal(run.out, model.norm.bias.detach().expand(1, 11, 23))
+
+
 class CeilModeSubsampling(nn.Module):
     """Seed 263: ``MaxPool2d((1, 2), stride=2, ceil_mode=True)``, a stride above the kernel in ceil mode."""
 

@@ -68,15 +68,16 @@ def statistics(
     the centered tensor: without a permute, they broadcast against ``x``.
     """
     gathered = x.permute(plan.perm) if plan.perm is not None else x
-    if not is_half(x.dtype):
-        mean = trailing_sum(gathered, plan.sizes, weights)
-        centered = gathered - mean
-        return mean, centered, torch.rsqrt(trailing_sum(centered * centered, plan.sizes, weights) + eps)
 
     def average(t: torch.Tensor) -> torch.Tensor:
         return trailing_sum(t, plan.sizes, weights)
 
+    # deviations from each block's first element: a block of equal values centers to exactly 0, as in
+    # PyTorch's kernels, where a mean taken against weights 1/K (no exact float value) is a rounding off,
+    # which 1/sqrt(eps) multiplies (fuzz seed 271: a layer norm of a softmax over one element)
     centered, mean = shifted_deviations(gathered, len(plan.sizes), average)
+    if not is_half(x.dtype):
+        return mean, centered, torch.rsqrt(average(centered * centered) + eps)
     q, s = second_moment(centered, average)
     return mean, centered, torch.rsqrt(q + eps / s / s) / s
 
