@@ -42,6 +42,32 @@ class Stem(nn.Module):
         return self.pool(torch.relu(self.bn(self.conv(x))))
 
 
+class ConvGroupNorm(nn.Module):
+    """A video VAE's or 3-D UNet's block: Conv3d, GroupNorm (statistics over the frames), SiLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv3d(3, 8, 3, padding=1), nn.GroupNorm(4, 8)
+        nn.init.uniform_(self.norm.weight, 0.5, 1.5)
+        nn.init.uniform_(self.norm.bias, -0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(self.norm(self.conv(x)))
+
+
+class ConvInstanceNorm(nn.Module):
+    """nnU-Net's block: Conv3d, InstanceNorm3d (affine), LeakyReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv3d(3, 8, 3, padding=1), nn.InstanceNorm3d(8, affine=True)
+        nn.init.uniform_(self.norm.weight, 0.5, 1.5)
+        nn.init.uniform_(self.norm.bias, -0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.leaky_relu(self.norm(self.conv(x)), 0.01)
+
+
 MODELS = {
     "conv 3x3x3, padding 1": lambda: nn.Conv3d(3, 8, 3, padding=1),
     "conv 3x7x7, stride (1, 2, 2)": lambda: nn.Conv3d(3, 8, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False),
@@ -59,6 +85,8 @@ MODELS = {
     "avg pool 3, padding 1, counting it": lambda: nn.AvgPool3d(3, 1, 1),
     "avg pool 1x3x3, ceil mode": lambda: nn.AvgPool3d((1, 3, 3), (1, 2, 2), (0, 1, 1), ceil_mode=True),
     "stem: conv, batch norm, relu, max pool": Stem,
+    "conv, group norm, silu": ConvGroupNorm,
+    "conv, instance norm, leaky relu": ConvInstanceNorm,
 }
 
 
@@ -68,6 +96,8 @@ QUICK = (
     "causal conv",
     "avg pool 3, padding 1, counting it",
     "stem: conv, batch norm, relu, max pool",
+    "conv, group norm, silu",
+    "conv, instance norm, leaky relu",
 )
 
 

@@ -396,9 +396,26 @@ def test_an_rms_norm_of_single_elements_is_on_xnnpack_and_matches(precision: str
     run.assert_matches()
 
 
-def test_a_group_norm_with_dynamic_channels_positions_is_left_and_reported() -> None:
+def test_a_group_norm_with_a_dynamic_length_runs_on_xnnpack_at_every_length() -> None:
+    """One dynamic position dim: each group averaged by XNNPACK's global average pooling (issue 33)."""
+    torch.manual_seed(0)
     model = nn.GroupNorm(2, 4).eval()
-    ep = torch.export.export(model, (torch.randn(1, 4, 6),), dynamic_shapes=({2: Dim("length", max=64)},))
+    nn.init.uniform_(model.weight, 0.5, 1.5)
+    example = torch.randn(1, 4, 6)
+    ep = torch.export.export(model, (example,), dynamic_shapes=({2: Dim("length", max=64)},))
+    rewriter = XnnpackRewriter(strict=True)
+    lowered = lower(rewriter(ep), (example,), xnnguard.XnnpackPartitioner())
+    assert not rewriter.report and lowered.num_delegates == 1 and not lowered.outside_ops()
+    for length in (2, 9, 64):
+        x = torch.randn(1, 4, length)
+        (out,) = run_pte(lowered.buffer, (x,))
+        torch.testing.assert_close(out, model(x), atol=1e-5, rtol=0, msg=f"length {length}")
+
+
+def test_a_group_norm_with_a_dynamic_batch_and_length_is_left_and_reported() -> None:
+    model = nn.GroupNorm(2, 4).eval()
+    shapes = ({0: Dim("batch", max=8), 2: Dim("length", max=64)},)
+    ep = torch.export.export(model, (torch.randn(2, 4, 6),), dynamic_shapes=shapes)
     rewriter = XnnpackRewriter(strict=True)
     rewriter(ep)
     (record,) = rewriter.report

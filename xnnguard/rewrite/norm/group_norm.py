@@ -12,8 +12,8 @@ dims, then ``y = d * scale + bias`` on the deviations ``d`` the variance was tak
 rstd * weight`` per channel: one multiply and one add over the tensor. PyTorch's CPU kernel computes
 ``x * scale + (bias - mean * scale)`` in one fused multiply-add; XNNPACK's multiply rounds ``x * scale``
 first, at ``|x| / std``, which a group of nearly equal values makes far larger than the result (fuzz
-seed 455: 2e-5 off at an output of 1). A dynamic batch is kept (written ``-1``). ``group_norm_form`` is shared with
-instance norm (``G = C``).
+seed 455: 2e-5 off at an output of 1). A dynamic batch is kept (written ``-1``); dynamic positions (a
+clip's frames) take ``dynamic_group_norm_form``. ``group_norm_form`` is shared with instance norm (``G = C``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from xnnguard.rewrite.norm.base import (
     shaped,
     statistics,
 )
+from xnnguard.rewrite.norm.dynamic_positions import dynamic_group_norm_form
 from xnnguard.rewrite.reduce.forms import reshape_to, stage_rule, sum_weights
 from xnnguard.rewrite.reduce.plan import SumPlan
 from xnnguard.rules.rank_limit import exceeds_rank_limit
@@ -48,10 +49,12 @@ def group_norm_form(
 ) -> Form | str:
     """The form of ``group_norm(x, groups, weight, bias, eps)``, or why there is none."""
     shape = x.meta["val"].shape
-    if len(shape) < 2 or not all(isinstance(size, int) for size in shape[1:]):
+    if len(shape) < 3 and not all(isinstance(size, int) for size in shape[1:]):
         return "its channels or positions are dynamic"
     if not isinstance(eps, float | int):
         return "its eps is not a constant"
+    if not all(isinstance(size, int) for size in shape[1:]):
+        return dynamic_group_norm_form(graph_module, x, groups, weight, bias, float(eps))
     channels, positions = int(shape[1]), [int(size) for size in shape[2:]]
     if groups <= 0 or channels % groups:
         return f"{channels} channels do not split into {groups} groups"
