@@ -85,6 +85,16 @@ MODELS = {
     "avg pool 3, padding 1, counting it": lambda: nn.AvgPool3d(3, 1, 1),
     "avg pool 1x3x3, ceil mode": lambda: nn.AvgPool3d((1, 3, 3), (1, 2, 2), (0, 1, 1), ceil_mode=True),
     "stem: conv, batch norm, relu, max pool": Stem,
+    "transposed conv 2x (a 3-D UNet's upsampler)": lambda: nn.ConvTranspose3d(3, 6, 2, stride=2),
+    "transposed conv 3, stride 2, padding 1, output padding 1": lambda: nn.ConvTranspose3d(
+        3, 6, 3, stride=2, padding=1, output_padding=1
+    ),
+    "transposed conv (1, 2, 2), stride (1, 2, 2), relu": lambda: nn.Sequential(
+        nn.ConvTranspose3d(3, 6, (1, 2, 2), stride=(1, 2, 2)), nn.ReLU()
+    ),
+    "transposed conv (3, 3, 4), dilated in height": lambda: nn.ConvTranspose3d(
+        3, 6, (3, 3, 4), stride=(2, 1, 2), padding=1, dilation=(1, 2, 1)
+    ),
     "conv, group norm, silu": ConvGroupNorm,
     "conv, instance norm, leaky relu": ConvInstanceNorm,
 }
@@ -98,6 +108,8 @@ QUICK = (
     "stem: conv, batch norm, relu, max pool",
     "conv, group norm, silu",
     "conv, instance norm, leaky relu",
+    "transposed conv 2x (a 3-D UNet's upsampler)",
+    "transposed conv 3, stride 2, padding 1, output padding 1",
 )
 
 

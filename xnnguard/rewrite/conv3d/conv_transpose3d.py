@@ -15,6 +15,12 @@ one ``conv_transpose2d`` over H and W (so one rounding when it is quantized, as 
   pad, and every output frame then reads the same taps, which fold into the input channels of one
   ``conv_transpose2d`` over all output frames (``xnnguard.rewrite.conv3d.tap_folding``). The overlap-add
   of the taps is part of its contraction: no partial result is ever rounded.
+
+Over a dynamic frame count (static batch, groups 1), **frames as rows**
+(``xnnguard.rewrite.conv3d.dynamic_depth.transposed_frames_as_rows``): W's columns go to the batch, (D, H)
+is the plane of one ``conv_transpose2d`` whose output channels are the W taps, and a permute (taps that
+tile W, the 2x upsampler) or a linear against a 0/1 matrix (any other; in int8 it rounds each tap's
+result first, which the quantizer's report says) adds each tap into its output column.
 """
 
 from __future__ import annotations
@@ -26,6 +32,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from xnnguard.rewrite.conv3d.dynamic_depth import (
+    taps_tile_width,
+    transposed_frames_as_rows,
+    transposed_rows_weight,
+    width_overlap_add,
+)
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
 from xnnguard.rewrite.conv3d.spliced_conv import Activation, SplicedConvPass
 from xnnguard.rewrite.conv3d.tap_folding import fold_frames, fold_transposed_taps
@@ -52,6 +64,12 @@ class ConvTranspose3dGeometry:
     output_padding: Triple
     dilation: Triple
     groups: int
+    dynamic_depth: bool = False  # input_shape[2] then stands in for a symbolic depth: frames as rows
+
+    @property
+    def taps_tile_width(self) -> bool:
+        """Over dynamic frames: each output column gets one W tap of one input column (a permute places them)."""
+        return taps_tile_width(self.weight_shape[4], self.stride[2], self.dilation[2], self.output_padding[2])
 
     @property
     def output_shape(self) -> tuple[int, int, int, int, int]:
@@ -74,12 +92,14 @@ class ConvTranspose3dGeometry:
 
 def conv_transpose3d_geometry(node: torch.fx.Node) -> ConvTranspose3dGeometry | str:
     """The geometry of the 3-D transposed convolution ``node``, or why it cannot be rewritten."""
-    arguments = conv_arguments(node, allow_dynamic_batch=True)
+    arguments = conv_arguments(node, allow_dynamic_batch=True, allow_dynamic_depth=True)
     if isinstance(arguments, str):
         return arguments
     kwargs = arguments.kwargs
     if isinstance(kwargs.get("padding", 0), str):
         return f"padding={kwargs['padding']!r}"
+    if arguments.dynamic_depth and int(kwargs.get("groups", 1)) != 1:  # type: ignore[call-overload]
+        return "grouped over dynamic frames: the frames-as-rows form takes one group"
     return ConvTranspose3dGeometry(
         arguments.input_shape,
         arguments.weight_shape,
@@ -88,6 +108,7 @@ def conv_transpose3d_geometry(node: torch.fx.Node) -> ConvTranspose3dGeometry | 
         triple(kwargs.get("output_padding", 0)),
         triple(kwargs.get("dilation", 1)),
         int(kwargs.get("groups", 1)),  # type: ignore[call-overload]
+        arguments.dynamic_depth,
     )
 
 
@@ -101,6 +122,14 @@ def conv_transpose2d_constants(
     Computed ahead of time because XNNPACK and pt2e need a conv's weight to be a parameter.
     """
     c_in, c_out_g, kd, kh, kw = weight.shape
+    if geometry.dynamic_depth:
+        rows = transposed_rows_weight(weight)
+        if geometry.taps_tile_width:
+            return [rows] + ([bias.repeat(kw)] if bias is not None else [])
+        _, w = geometry.input_shape[2], geometry.input_shape[4]
+        overlap = width_overlap_add(w, kw, geometry.stride[2], geometry.padding[2], geometry.dilation[2],
+                                    geometry.output_padding[2], weight.dtype)
+        return [rows, overlap] + ([bias.clone()] if bias is not None else [])
     if geometry.taps_tile_depth:
         folded = weight.reshape(c_in, c_out_g * kd, kh, kw)  # output channels ordered (channel, tap)
         return [folded] + ([bias.repeat_interleave(kd)] if bias is not None else [])
@@ -138,6 +167,12 @@ def conv_transpose3d_as_2d(
     """``activation(conv_transpose3d(x, weight, bias))`` with one ``conv_transpose2d`` and views (traced
     by the rewrite). ``constants`` is ``conv_transpose2d_constants(weight, bias, geometry)``.
     """
+    if geometry.dynamic_depth:
+        tile = geometry.taps_tile_width
+        return transposed_frames_as_rows(
+            x, constants[0], constants[1] if tile and len(constants) > 1 else None, None if tile else constants[1],
+            constants[2] if not tile and len(constants) > 2 else None, geometry.weight_shape[2:],
+            geometry.stride, geometry.padding, geometry.output_padding, geometry.dilation, activation)
     _, c_in, d, h, w = geometry.input_shape  # the batch stays as the graph has it: -1 in every reshape
     _, _, kd, _, _ = geometry.weight_shape
     _, c_out, do, ho, wo = geometry.output_shape
@@ -168,6 +203,13 @@ class RewriteConvTranspose3dPass(SplicedConvPass[ConvTranspose3dGeometry]):
 
     def geometry(self, node: torch.fx.Node) -> ConvTranspose3dGeometry | str:
         return conv_transpose3d_geometry(node)
+
+    def quantization_note(self, node: torch.fx.Node) -> str | None:
+        geometry = conv_transpose3d_geometry(node)
+        if not isinstance(geometry, ConvTranspose3dGeometry) or not geometry.dynamic_depth or geometry.taps_tile_width:
+            return None
+        return ("over dynamic frames its W taps are added by a linear after the conv_transpose2d, and quantization "
+                "rounds each tap's result to int8 first; export with static frames, or a W stride equal to its kernel")
 
     def constants(
         self, operands: ConvOperands, geometry: ConvTranspose3dGeometry, activation: Activation | None

@@ -22,12 +22,18 @@ as the weight is laid out here), the (D, H) window its kernel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["TapsAlong", "frames_as_rows", "rows_weight", "taps_along"]
+from xnnguard.rewrite.reduce.forms import reshape_to
+
+__all__ = [
+    "TapsAlong", "frames_as_rows", "rows_weight", "taps_along", "taps_tile_width", "transposed_frames_as_rows",
+    "transposed_rows_weight", "width_overlap_add",
+]
 
 TapsAlong = Literal["h", "w"]
 
@@ -111,3 +117,67 @@ def frames_as_rows(
     y = F.conv2d(rows, weight, bias, (stride[0], stride[1]), (depth_pad, height_pad),
                  (dilation[0], dilation[1]), groups)
     return y.reshape(n, wo, y.shape[1], -1, y.shape[3]).permute(0, 2, 3, 4, 1)
+
+
+def transposed_rows_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The conv_transpose2d weight of ``transposed_frames_as_rows``: (C, O, kd, kh, kw) -> (C, kw*O, kd, kh),
+    output channels ordered (tap, O)."""
+    c, out_c, kd, kh, kw = weight.shape
+    return weight.permute(0, 4, 1, 2, 3).reshape(c, kw * out_c, kd, kh)
+
+
+def taps_tile_width(kernel_w: int, stride_w: int, dilation_w: int, output_padding_w: int) -> bool:
+    """Each output column gets exactly one W tap of one input column: placing them is a permute."""
+    return stride_w == kernel_w and (dilation_w == 1 or kernel_w == 1) and output_padding_w == 0
+
+
+def width_overlap_add(w: int, kernel_w: int, stride_w: int, padding_w: int, dilation_w: int,
+                      output_padding_w: int, dtype: torch.dtype) -> torch.Tensor:
+    """The (Wo, W*kw) 0/1 matrix that adds tap ``k`` of input column ``i`` into output column
+    ``i*stride - padding + k*dilation`` (a transposed convolution's overlap-add along W)."""
+    wo = (w - 1) * stride_w - 2 * padding_w + dilation_w * (kernel_w - 1) + output_padding_w + 1
+    matrix = torch.zeros(wo, w * kernel_w, dtype=dtype)
+    for i in range(w):
+        for k in range(kernel_w):
+            column = i * stride_w - padding_w + k * dilation_w
+            if 0 <= column < wo:
+                matrix[column, i * kernel_w + k] = 1
+    return matrix
+
+
+def transposed_frames_as_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    overlap: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    kernel: tuple[int, int, int],
+    stride: tuple[int, int, int],
+    padding: tuple[int, int, int],
+    output_padding: tuple[int, int, int],
+    dilation: tuple[int, int, int],
+    activation: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``activation(conv_transpose3d(x))`` (groups 1) of ``x`` (N, C, D, H, W), N static, D dynamic: frames as rows.
+
+    W's columns go to the batch and ``(D, H)`` is the plane of one ``conv_transpose2d`` whose output
+    channels are the W taps (``transposed_rows_weight``); then each tap's column is placed in the output
+    by a permute when the taps tile W (``conv_bias`` is then the bias, repeated per tap, and
+    ``activation`` runs right after the conv, where quantization fuses it), or added into it by a
+    linear against ``width_overlap_add`` (``overlap``; ``bias`` and ``activation`` after it).
+    """
+    act = activation if activation is not None else (lambda t: t)
+    n, c, _, h, w = x.shape
+    kw = kernel[2]
+    rows = reshape_to(x.permute(0, 4, 1, 2, 3), [n * w, c, x.shape[2], h])
+    y = F.conv_transpose2d(rows, weight, conv_bias, stride[:2], padding[:2], output_padding[:2], 1, dilation[:2])
+    if overlap is None:
+        y = act(y)
+    out_c, ho = y.shape[1] // kw, y.shape[3]
+    taps = reshape_to(y, [n, w, kw, out_c, y.shape[2], ho]).permute(0, 3, 4, 5, 1, 2)
+    columns = reshape_to(taps, [n, out_c, y.shape[2], ho, w * kw])  # column i*kw + k: tap k of input column i
+    if overlap is None:
+        wo = (w - 1) * stride[2] - 2 * padding[2] + kw
+        return columns[..., padding[2]: padding[2] + wo] if (padding[2], wo) != (0, w * kw) else columns
+    out = F.linear(columns, overlap)
+    return act(out + bias.reshape(out_c, 1, 1, 1) if bias is not None else out)
