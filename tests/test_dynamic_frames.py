@@ -142,3 +142,47 @@ def test_a_conv_with_dynamic_batch_and_frames_is_left_and_says_why() -> None:
     rewriter = xnnguard.XnnpackRewriter()
     rewriter(exported)
     assert any("dynamic batch and depth" in str(record) for record in rewriter.report), rewriter.report
+
+
+class UNetBlock(nn.Module):
+    """A 3-D UNet's decoder step: ConvTranspose3d 2x, Conv3d, InstanceNorm3d, LeakyReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose3d(3, 6, 2, stride=2)
+        self.block = ConvInstanceNorm()
+        self.block.conv = nn.Conv3d(6, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(self.up(x))
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static int8", "dynamic int8"])
+@pytest.mark.parametrize("name", [pytest.param("stem", marks=pytest.mark.slow), "unet block"])
+def test_an_int8_video_program_with_dynamic_frames_is_one_delegate_as_close_to_float_as_pt2e(
+    name: str, dynamic: bool
+) -> None:
+    """Quantized after the rewrite, re-exported with the frames as ``Dim.DYNAMIC`` over the same range (a
+    named ``Dim`` makes export try to prove guards of the fake convolutions it cannot), lowered once."""
+    from testbed.quantize import quantize_pt2e, xnnguard_quantizer
+    from testbed.rounding_floor import one_step_errors
+    from testbed.tolerance import dynamic_step, int8_tolerance
+
+    torch.manual_seed(0)
+    model = (Stem() if name == "stem" else UNetBlock()).eval()
+    example = torch.randn(1, 3, 8, 12, 10)
+    exported = torch.export.export(model, (example,), dynamic_shapes=({2: FRAMES},))
+    converted = quantize_pt2e(xnnguard.rewrite_for_xnnpack(exported), (example,), xnnguard_quantizer(dynamic=dynamic))
+    frames = torch.export.Dim.DYNAMIC(min=FRAMES.min, max=FRAMES.max)  # type: ignore[attr-defined]
+    program = torch.export.export(converted, (example,), dynamic_shapes=({2: frames},))
+    lowered = lower(program, (example,), xnnguard.XnnpackPartitioner())
+    assert lowered.num_delegates == 1 and not lowered.outside_ops(), lowered.outside_ops()
+    for length in LENGTHS:
+        x = torch.randn(1, 3, length, 12, 10)
+        with torch.no_grad():
+            reference, expected = converted(x), model(x)
+        (out,) = run_pte(lowered.buffer, (x,))
+        tolerance = int8_tolerance(converted, reference, dynamic=dynamic, float_reference=expected,
+                                   activation_step=dynamic_step(converted, [(x,)]) if dynamic else 0.0,
+                                   one_step=0.0 if dynamic else one_step_errors(converted, (x,))[0])
+        torch.testing.assert_close(out, reference, atol=tolerance, rtol=0, msg=f"{length} frames")
