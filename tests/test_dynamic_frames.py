@@ -95,6 +95,8 @@ MODELS = {
     "transposed conv (3, 3, 4), dilated in height": lambda: nn.ConvTranspose3d(
         3, 6, (3, 3, 4), stride=(2, 1, 2), padding=1, dilation=(1, 2, 1)
     ),
+    "nearest upsampling 2x (a 3-D UNet's decoder)": lambda: nn.Upsample(scale_factor=2.0, mode="nearest"),
+    "nearest upsampling (1, 2, 3), exact": lambda: nn.Upsample(scale_factor=(1.0, 2.0, 3.0), mode="nearest-exact"),
     "conv, group norm, silu": ConvGroupNorm,
     "conv, instance norm, leaky relu": ConvInstanceNorm,
 }
@@ -110,6 +112,7 @@ QUICK = (
     "conv, instance norm, leaky relu",
     "transposed conv 2x (a 3-D UNet's upsampler)",
     "transposed conv 3, stride 2, padding 1, output padding 1",
+    "nearest upsampling 2x (a 3-D UNet's decoder)",
 )
 
 

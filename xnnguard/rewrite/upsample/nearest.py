@@ -11,7 +11,8 @@ which is the tensor viewed with a size-1 dim after that dim, multiplied by ``one
 (XNNPACK's multiply broadcasts), and reshaped (``xnnguard.rewrite.views.expand.broadcast_form``: dims that
 are not upsampled merge). The leading (batch, channel) dims merge into one, so a 2-D upsampling is a 5-D
 multiply at most; a 3-D one runs in two stages, (H, W) with the frames merged into the rows and then D,
-each within 6 dims. A dynamic batch stays dynamic.
+each within 6 dims. A dynamic batch stays dynamic; so does one dynamic spatial dim (a clip's frames) with a
+static batch and channels, where each reshape infers that dim alone.
 
 Why it is exact: ``x * 1.0`` is ``x``, and the reshapes move no element. Which source element each output
 element takes is checked against the op itself at rewrite time: the op is run on a tensor of its input's
@@ -77,14 +78,18 @@ def nearest_upsample(
     ``ones`` are the broadcast constants of each stage (``stage_constants``), made here when not given.
     """
     lead = list(x.shape[:2])
-    spatial = [int(s) for s in x.shape[2:]]
+    spatial = list(x.shape[2:])
     stages = upsample_stages(spatial, factors)
     constants = list(ones) if ones is not None else stage_constants(spatial, factors, x.dtype)
     sizes = list(spatial)
     for (first, last), constant in zip(stages, constants):
         view, _ = broadcast_form(sizes[first:last], factors[first:last], interleave=True)
         inner = math.prod(sizes[last:])
-        y = x.reshape(-1, *view, inner) if inner != 1 else x.reshape(-1, *view)
+        rows = math.prod([*lead, *sizes[:first]])
+        # the rows merge into -1 (a dynamic batch stays dynamic); with a dynamic spatial dim they are
+        # static and written out, so that the one size the reshape infers is that dim
+        rows = rows if isinstance(rows, int) and any(not isinstance(v, int) for v in view) else -1
+        y = x.reshape(view_sizes([rows, *view, inner] if inner != 1 else [rows, *view]))
         y = y * (constant.reshape(*constant.shape, 1) if inner != 1 else constant)
         for d in range(first, last):
             sizes[d] *= factors[d]
@@ -137,7 +142,7 @@ class NearestUpsamplePass(NodeRewritePass):
             return "an unbatched input"
         spatial, out = before.shape[2:], after.shape[2:]
         if not all(isinstance(s, int) for s in [*spatial, *out, before.shape[1]]):
-            return "a dynamic spatial or channel size"
+            return self._rewrite_dynamic(graph_module, node, x, before, after)
         factors = [o // s for s, o in zip(spatial, out)]
         if any(o % s for s, o in zip(spatial, out)) or not _replicates(node, spatial, factors):
             return self._rewrite_as_gathers(graph_module, node, x, spatial)
@@ -145,6 +150,30 @@ class NearestUpsamplePass(NodeRewritePass):
 
         def replacement(v: torch.Tensor, *ones: torch.Tensor) -> torch.Tensor:
             return nearest_upsample(v, factors, ones)
+
+        replace_by(graph_module, node, replacement, [x, *constants])
+        return None
+
+    @staticmethod
+    def _rewrite_dynamic(graph_module: torch.fx.GraphModule, node: torch.fx.Node, x: torch.fx.Node,
+                         before: torch.Tensor, after: torch.Tensor) -> str | None:
+        """Integer factors with one dynamic spatial dim (a clip's frames) and a static batch and channels: the
+        same broadcasting form, its reshapes inferring that dim only."""
+        if not all(isinstance(s, int) for s in before.shape[:2]):
+            return "a dynamic batch or channel count with a dynamic spatial size: a reshape would infer two sizes"
+        spatial, out = list(before.shape[2:]), list(after.shape[2:])
+        if sum(not isinstance(s, int) for s in spatial) != 1:
+            return "more than one dynamic spatial size"
+        factors = [_integer_ratio(o, s) for s, o in zip(spatial, out)]
+        if any(f is None for f in factors):
+            return "a dynamic spatial size upsampled by a factor that is not an integer"
+        picked = [s if isinstance(s, int) else _example(s) for s in spatial]
+        if not _replicates(node, picked, factors):  # type: ignore[arg-type]
+            return "it does not repeat each element by its integer factor"
+        constants = stage_constants(spatial, factors, before.dtype)  # type: ignore[arg-type]
+
+        def replacement(v: torch.Tensor, *ones: torch.Tensor) -> torch.Tensor:
+            return nearest_upsample(v, factors, ones)  # type: ignore[arg-type]
 
         replace_by(graph_module, node, replacement, [x, *constants])
         return None
@@ -172,6 +201,24 @@ class NearestUpsamplePass(NodeRewritePass):
 
         replace_by(graph_module, node, replacement, [x, *constants])
         return None
+
+
+def _integer_ratio(out: int | torch.SymInt, size: int | torch.SymInt) -> int | None:
+    """``out / size`` when it is an integer for every size (``2*s / s``), else None."""
+    if isinstance(out, int) and isinstance(size, int):
+        return out // size if size and out % size == 0 else None
+    factor = _example(out) // max(_example(size), 1)
+    rest = out - factor * size  # 0 for every size when out is factor * size
+    exact = rest == 0 if isinstance(rest, int) else bool(rest.node.expr == 0)
+    return factor if factor > 0 and exact else None
+
+
+def _example(size: int | torch.SymInt) -> int:
+    """The size the program was exported with (a run at it checks the form), or 3 without one."""
+    if isinstance(size, int):
+        return size
+    hint = size.node.hint
+    return int(hint) if hint is not None else 3
 
 
 def _gathered(x: torch.Tensor, runs: dict[int, list[Run]], ones: Iterator[torch.Tensor] | None = None) -> torch.Tensor:
