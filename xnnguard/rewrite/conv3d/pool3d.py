@@ -13,6 +13,10 @@ the elements it sees (``count_include_pad=False``, the form XNNPACK takes; the e
 ``ceil_mode`` come from an explicit zero pad), and a constant map then turns that into PyTorch's divisor
 (padding counted or not, windows clipped by ``ceil_mode``, ``divisor_override``): the map is PyTorch's
 own ``avg_pool3d`` of a tensor of ones divided by the two stages applied to the same ones.
+
+Over a dynamic frame count the same stages run with the frames in the batch, then as rows; an adaptive
+pooling to one value per channel (a video classifier's head) is a global average pooling of the clip
+(``global_average_of_a_clip``).
 """
 
 from __future__ import annotations
@@ -105,6 +109,28 @@ class Pool3d:
         return all(self.kernel[d] == 1 and self.stride[d] == 1 and self.padding[d] == 0 for d in dims)
 
 
+def global_average_of_a_clip(node: torch.fx.Node) -> tuple[int, int, int, int] | None:
+    """``(N, C, H, W)`` of an adaptive average pooling to one value per channel of a clip whose frame count
+    alone is dynamic (a video classifier's head), else None.
+
+    Its window is the whole clip: the clip viewed as ``(N, C, D*H, W)``'s 4-D ``(N, C, -1, H*W)`` and a mean
+    over dims 2 and 3, XNNPACK's global average pooling, which averages a plane of any size at run time.
+    """
+    if node.op != "call_function" or node.target not in _ADAPTIVE_AVG_POOLS:
+        return None
+    x = node.args[0]
+    value = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dim() != 5:
+        return None
+    n, c, d, h, w = value.shape
+    output = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+    if output is None or tuple(triple(output.kwargs["output_size"])) != (1, 1, 1) or isinstance(d, int):
+        return None
+    if not all(isinstance(size, int) for size in (n, c, h, w)):
+        return None
+    return int(n), int(c), int(h), int(w)
+
+
 def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
     """The pooling ``node`` does, or why it cannot be rewritten, or None when it is not a 3-D pooling."""
     if node.op != "call_function" or node.target not in _MAX_POOLS | _AVG_POOLS | _ADAPTIVE_AVG_POOLS:
@@ -126,7 +152,8 @@ def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
         sizes[0] = 1
     if dynamic_depth:
         if node.target in _ADAPTIVE_AVG_POOLS:
-            return "an adaptive pooling over a dynamic depth (its window is as long as the clip)"
+            return ("an adaptive pooling over a dynamic depth to more than one value per channel (its windows "
+                    "depend on the clip's length)")
         sizes[2] = triple(kwargs["kernel_size"])[0]  # one window's frames stand for the clip
     if not all(isinstance(s, int) for s in sizes):
         return (f"dynamic shape {tuple(meta.shape)}: the frame folding takes one dynamic dim, the batch or the "
@@ -285,6 +312,17 @@ class RewritePool3dPass(NodeRewritePass):
         return pool3d(node) is not None
 
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        clip = global_average_of_a_clip(node)
+        if clip is not None:
+            n, c, h, w = clip
+
+            def global_mean(x_: torch.Tensor) -> torch.Tensor:
+                return torch.mean(x_.reshape(n, c, -1, h * w), [2, 3], True).reshape(n, c, 1, 1, 1)
+
+            x = node.args[0]
+            assert isinstance(x, torch.fx.Node)
+            node.replace_all_uses_with(splice_before(graph_module, node, global_mean, [x]))
+            return None
         pool = pool3d(node)
         reason = pool if isinstance(pool, str) else pool.why_not() if pool is not None else "not a 3-D pooling"
         if reason is not None:
