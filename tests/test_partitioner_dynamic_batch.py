@@ -78,6 +78,27 @@ def test_a_view_with_one_dynamic_dim_says_minus_one_for_it() -> None:
     assert view.args[1] == [-1, 144]
 
 
+def test_a_view_spelled_with_symbols_whose_result_is_static_takes_its_static_sizes() -> None:
+    """A stride that leaves one position at every length of the range (R(2+1)D's head at 2 to 4 frames):
+    the flatten is spelled ``[1, 8 * ((s - 1) // 4 + 1)]`` but is ``[1, 8]``; left symbolic, it stayed
+    outside and ExecuTorch refused to serialize its static view of the delegate's dynamic output."""
+
+    class StridedHead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = torch.nn.Conv1d(3, 8, 3, stride=4, padding=1), torch.nn.Linear(8, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+    shapes = ({2: Dim("frames", min=2, max=4)},)
+    program = torch.export.export(StridedHead().eval(), (torch.randn(1, 3, 4),), dynamic_shapes=shapes)
+    program = program.run_decompositions({})
+    InferredViewPass()(program.graph_module)
+    (view,) = [n for n in program.graph.nodes if "view" in str(n.target)]
+    assert view.args[1] == [1, 8]
+
+
 def test_a_view_with_two_dynamic_dims_is_left_as_it_was() -> None:
     """XNNPACK infers one dim only: a view merging two dynamic dims keeps its symbolic sizes."""
 

@@ -8,7 +8,12 @@ between delegates: a Conv3d network exported with ``Dim("batch")`` was cut into 
 
 ``InferredViewPass`` rewrites the size argument of a view (``view``, ``_unsafe_view``, ``reshape``, in
 place: the same op, the same result) whose result has exactly one symbolic dim into the static sizes and
--1 for that dim. The partitioner runs it before decomposition (as ``MaxKeepdimPass``), on the program
+-1 for that dim, and the size argument of a view whose result is static, though spelled with symbols,
+into its static sizes: a ``flatten`` after a global pooling of a clip whose frame count the network
+reduces to 1 over the whole exported range (R(2+1)D with 2 to 4 frames) was left outside, and
+ExecuTorch then refused to serialize a static view of the delegate's dynamic output.
+
+The partitioner runs it before decomposition (as ``MaxKeepdimPass``), on the program
 ``run_decompositions({})`` made, which spells out the sizes of every view (a ``flatten``'s too); the
 decomposition and edge passes after it keep a -1 as it is. So it applies to every program lowered with
 ``xnnguard.XnnpackPartitioner`` through ``to_edge_transform_and_lower``.
@@ -44,6 +49,8 @@ def inferred_sizes(node: torch.fx.Node) -> list[int] | None:
         return None  # static, or already in XNNPACK's form
     symbolic = [i for i, size in enumerate(value.shape) if not isinstance(size, int)]
     static = [int(size) for size in value.shape if isinstance(size, int)]
+    if not symbolic:  # spelled with symbols, static at every size of the range: its static sizes
+        return static
     if len(symbolic) != 1 or 0 in static:
         return None
     return [-1 if i == symbolic[0] else int(size) for i, size in enumerate(value.shape)]
