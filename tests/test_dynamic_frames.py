@@ -97,6 +97,7 @@ MODELS = {
     ),
     "nearest upsampling 2x (a 3-D UNet's decoder)": lambda: nn.Upsample(scale_factor=2.0, mode="nearest"),
     "nearest upsampling (1, 2, 3), exact": lambda: nn.Upsample(scale_factor=(1.0, 2.0, 3.0), mode="nearest-exact"),
+    "adaptive average pooling to 1 (a classifier's head)": lambda: nn.AdaptiveAvgPool3d(1),
     "conv, group norm, silu": ConvGroupNorm,
     "conv, instance norm, leaky relu": ConvInstanceNorm,
 }
@@ -113,6 +114,7 @@ QUICK = (
     "transposed conv 2x (a 3-D UNet's upsampler)",
     "transposed conv 3, stride 2, padding 1, output padding 1",
     "nearest upsampling 2x (a 3-D UNet's decoder)",
+    "adaptive average pooling to 1 (a classifier's head)",
 )
 
 
@@ -189,3 +191,32 @@ def test_an_int8_video_program_with_dynamic_frames_is_one_delegate_as_close_to_f
                                    activation_step=dynamic_step(converted, [(x,)]) if dynamic else 0.0,
                                    one_step=0.0 if dynamic else one_step_errors(converted, (x,))[0])
         torch.testing.assert_close(out, reference, atol=tolerance, rtol=0, msg=f"{length} frames")
+
+
+class PooledToOneFrame(nn.Module):
+    """R(2+1)D's head at the test size: a temporal stride that leaves one frame at every length of the
+    range, a global pooling and a flatten: the flatten's sizes are symbols that are constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(3, 8, (3, 1, 1), stride=(4, 1, 1), padding=(1, 0, 0))
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.adaptive_avg_pool3d(torch.relu(self.conv(x)), 1).flatten(1))
+
+
+def test_a_view_that_is_static_over_the_whole_range_of_frames_is_in_the_delegate() -> None:
+    """ExecuTorch refused to serialize the flatten left outside ('_ViewSpec is incompatible with its base')."""
+    model = PooledToOneFrame().eval()
+    frames = torch.export.Dim("frames", min=2, max=4)
+    example = torch.randn(1, 3, 4, 6, 6)
+    exported = torch.export.export(model, (example,), dynamic_shapes=({2: frames},))
+    lowered = lower(xnnguard.rewrite_for_xnnpack(exported), (example,), xnnguard.XnnpackPartitioner())
+    assert lowered.num_delegates == 1 and not lowered.outside_ops(), lowered.outside_ops()
+    for length in (2, 3, 4):
+        x = torch.randn(1, 3, length, 6, 6)
+        with torch.no_grad():
+            expected = model(x)
+        (out,) = run_pte(lowered.buffer, (x,))
+        torch.testing.assert_close(out, expected, atol=float_tolerance(expected), rtol=0, msg=f"{length} frames")
