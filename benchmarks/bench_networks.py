@@ -2,14 +2,17 @@
 
 Every network of ``testbed.networks`` at its bench size goes through xnnguard's flow
 (``rewrite_for_xnnpack``, for int8 ``xnnguard.XNNPACKQuantizer``, ``xnnguard.XnnpackPartitioner``), each
-lowering in a fresh process of its own (``benchmarks.network_report``), in six variants: float, static and
-dynamic int8, each at a static batch and exported with a dynamic batch. Float is timed against eager
+lowering in a fresh process of its own (``benchmarks.network_report``), in seven variants: float, static and
+dynamic int8, each at a static batch and exported with a dynamic batch, and float exported with a dynamic
+frame count (``testbed.network_flow.dynamic_frames``). Float is timed against eager
 PyTorch, both sides in fresh processes with the same thread count and environment (``benchmarks.timing``,
 the protocol of ``bench_rewrite_conv3d``). Targets:
 
 * float: every network at least ``MIN_RATIO`` times faster than eager, the median at least ``MEDIAN_RATIO`` times;
 * at most ``MAX_DELEGATES`` XNNPACK delegates per network, and no compute op outside them;
-* static and dynamic int8, and a dynamic batch: as many delegates as float.
+* static and dynamic int8, a dynamic batch, and (video networks) a dynamic frame count: as many delegates
+  as float. The dynamic-frames cell also has the program's ms at the example's frames and at twice as
+  many, beside the static float program's ``ET ms``.
 
 Each float row also has its ceiling (``benchmarks.gemm_floor``): eager ms over XNNPACK's time for the
 network's convolutions and matmuls alone, the most any lowering can reach with XNNPACK's kernels; a
@@ -45,6 +48,7 @@ VARIANTS = {  # name: (precision, batch)
     "float-dyn-batch": ("float", "dynamic"),
     "static-dyn-batch": ("static", "dynamic"),
     "dynamic-dyn-batch": ("dynamic", "dynamic"),
+    "float-dyn-frames": ("float", "frames"),
 }
 # The networks the targets are about: one per kind the issue names (duplicates of a kind are reported,
 # not counted twice in the median).
@@ -74,7 +78,11 @@ def _cell(result: Result | None) -> str:
         return "-"
     if result.status != "ok":
         return result.status
-    return f"{result.delegates} / {compute_outside(result)}"
+    cell = f"{result.delegates} / {compute_outside(result)}"
+    if result.batch == "frames" and result.et_ms:  # ms at the example's frames, and at twice as many
+        cell += f", {result.et_ms:.1f} ms" + (f", {result.long_et_ms:.1f} @{result.long_frames}f"
+                                                if result.long_et_ms else ", -")
+    return cell
 
 
 def misses(rows: list[Row]) -> list[str]:
@@ -87,6 +95,8 @@ def misses(rows: list[Row]) -> list[str]:
         if ratio is not None and ratio < MIN_RATIO:
             found.append(f"{row.network}: eager/ET {ratio:.2f} < {MIN_RATIO}" + _bound(row.ceiling(), MIN_RATIO))
         for variant, result in row.results.items():
+            if result.status == "n/a":  # dynamic frames of a network without frames
+                continue
             if result.status != "ok":
                 found.append(f"{row.network} [{variant}]: {result.status}")
                 continue
@@ -170,7 +180,7 @@ def main(names: list[str] | None = None, variants: list[str] | None = None, thre
                 precision, batch = VARIANTS[variant]
                 print(f"{name} [{variant}] ...", file=sys.stderr, flush=True)
                 result = lower_in_fresh_process(name, "bench", precision, False, Path(tmp), batch)
-                if variant == "float":
+                if variant in ("float", "float-dyn-frames"):
                     time_network(result, threads)
                 results[variant] = result
             row = Row(name, results)

@@ -72,12 +72,14 @@ def lower_in_fresh_process(name: str, size: str, precision: str, stock: bool, pt
     return Result(**data)
 
 
-def _time_worker(side: str, name: str, size: str, threads: int, pte: str | None) -> float:
-    """Time one side of one network in this (fresh) process."""
+def _time_worker(side: str, name: str, size: str, threads: int, pte: str | None, frames: int | None = None) -> float:
+    """Time one side of one network in this (fresh) process (``frames``: on a clip of that many frames)."""
     from testbed.networks import NETWORKS
 
     torch.set_num_threads(threads)
     model, inputs = NETWORKS[name](size)
+    if frames is not None:
+        inputs = (torch.randn(*inputs[0].shape[:2], frames, *inputs[0].shape[3:]), *inputs[1:])
     if side == "eager":
         with torch.no_grad():
             return median_ms(lambda: model(*inputs))
@@ -90,9 +92,10 @@ def _time_worker(side: str, name: str, size: str, threads: int, pte: str | None)
 
 
 def time_network(result: Result, threads: int) -> None:
-    """Eager vs ExecuTorch medians, each run in its own fresh process, rounds alternating."""
+    """Eager vs ExecuTorch medians, each run in its own fresh process, rounds alternating; a program with
+    dynamic frames also at its longer clip (``Result.long_frames``)."""
     args = ["--network", result.network, "--size", result.size, "--threads", str(threads)]
-    eager, et = [], []
+    eager, et, long_et = [], [], []
     for _ in range(ROUNDS):
         eager.append(time_in_fresh_process("benchmarks.network_report", ["--time-worker", "eager", *args],
                                            f"eager timing of {result.network}"))
@@ -100,8 +103,14 @@ def time_network(result: Result, threads: int) -> None:
             et.append(time_in_fresh_process("benchmarks.network_report",
                                             ["--time-worker", "executorch", *args, "--pte", result.pte],
                                             f"ExecuTorch timing of {result.network}"))
+            if result.long_frames:
+                long_et.append(time_in_fresh_process(
+                    "benchmarks.network_report",
+                    ["--time-worker", "executorch", *args, "--pte", result.pte, "--frames", str(result.long_frames)],
+                    f"ExecuTorch timing of {result.network} at {result.long_frames} frames"))
     result.eager_ms = statistics.median(eager)
     result.et_ms = statistics.median(et) if et else None
+    result.long_et_ms = statistics.median(long_et) if long_et else None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -148,7 +157,7 @@ def details(results: Sequence[Result]) -> str:
     lines = []
     for r in results:
         stages = ", ".join(f"{name} {seconds:.1f}" for name, seconds in r.stage_s.items())
-        batch = ", dynamic batch" if r.batch == "dynamic" else ""
+        batch = {"dynamic": ", dynamic batch", "frames": ", dynamic frames"}.get(r.batch, "")
         timing = f" (s: {stages})" if stages else ""
         lines.append(f"{r.network} [{r.precision}{batch}, {r.flow}]: {r.status}{timing}")
         if r.error:
@@ -196,8 +205,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--time", action="store_true", help="also time eager vs ExecuTorch")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("XNNGUARD_BENCH_THREADS", 2)))
     parser.add_argument("--stock", action="store_true", help="stock ExecuTorch partitioner/quantizer, no rewrite")
-    parser.add_argument("--batch", choices=("static", "dynamic"), default="static",
-                        help="dynamic: export with a dynamic batch (traced at 2, run at the network's batch)")
+    parser.add_argument("--batch", choices=("static", "dynamic", "frames"), default="static",
+                        help="dynamic: export with a dynamic batch (traced at 2, run at the network's batch); "
+                             "frames: with a dynamic frame count (run at the example's and twice as many)")
     parser.add_argument("--pte-dir", type=Path, default=None, help="keep the .pte files here (default: temporary)")
     parser.add_argument("--json", type=Path, default=None, help="also write every result as JSON here")
     parser.add_argument("--lower-worker", metavar="NAME", help=argparse.SUPPRESS)
@@ -205,6 +215,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--time-worker", choices=["eager", "executorch"], help=argparse.SUPPRESS)
     parser.add_argument("--network", help=argparse.SUPPRESS)
     parser.add_argument("--pte", help=argparse.SUPPRESS)
+    parser.add_argument("--frames", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.time and "fp16" in (args.precision or ()):
         parser.error("--time compares with the float32 eager model: it times float and int8 programs, not fp16")
@@ -220,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     precisions = args.precision or ["float"]
     if args.time_worker:
-        print_ms(_time_worker(args.time_worker, args.network, args.size, args.threads, args.pte))
+        print_ms(_time_worker(args.time_worker, args.network, args.size, args.threads, args.pte, args.frames))
         return 0
     if args.lower_worker:
         try:

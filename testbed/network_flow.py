@@ -36,7 +36,9 @@ __all__ = [
     "count_graph",
     "describe_error",
     "dynamic_batch",
+    "dynamic_frames",
     "failure_lines",
+    "longer_clip",
     "lower_network",
     "matches",
     "stage",
@@ -57,7 +59,7 @@ class Result:
     size: str
     precision: str
     flow: str  # "xnnguard" or "stock"
-    batch: str = "static"  # "dynamic": exported with a dynamic batch (see dynamic_batch)
+    batch: str = "static"  # "dynamic": a dynamic batch (see dynamic_batch); "frames": dynamic frames (dynamic_frames)
     status: str = "ok"  # "ok", "mismatch", or "<stage> failed"
     error: str = ""
     delegates: int | None = None
@@ -79,6 +81,9 @@ class Result:
     eager_ms: float | None = None
     et_ms: float | None = None
     stage_s: dict[str, float] = field(default_factory=dict)  # seconds per stage of the flow
+    long_frames: int | None = None  # "frames": the longer clip the program also ran at (twice the example's)
+    long_err: float | None = None  # "frames": max_err at long_frames
+    long_et_ms: float | None = None  # "frames": ExecuTorch ms at long_frames
 
 
 class StageError(Exception):
@@ -185,6 +190,8 @@ def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: R
     """
     dynamic_shapes = getattr(model, "export_dynamic_shapes", None)  # a network exported with dynamic dims
     export_inputs = inputs
+    if result.batch == "frames":
+        dynamic_shapes = dynamic_frames(inputs)
     if result.batch == "dynamic" and dynamic_shapes is None:
         # a network without a batch dim says what varies instead (Qwen2-VL's tower: the patch count)
         dynamic_shapes = getattr(model, "dynamic_batch_shapes", None)
@@ -200,12 +207,11 @@ def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: R
             ep = rewriter(ep)
         result.rewrite_report = [str(record) for record in rewriter.report]
     if result.precision == "float":
-        with torch.no_grad():
-            return ep, _first_tensor(model(*inputs))
+        return ep, _no_grad(model)
     if result.precision == "fp16":
         from testbed.flow import half_reference
 
-        return ep, _first_tensor(half_reference(model, inputs))
+        return ep, lambda *xs: half_reference(model, xs)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     quantizer = _quantizer(result.precision, stock)
@@ -213,11 +219,43 @@ def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: R
         prepared = prepare_pt2e(ep.module(), quantizer)
         prepared(*inputs)  # calibrate on the example input
         converted = convert_pt2e(prepared)
-        expected = _first_tensor(converted(*inputs))
         result.rounding_floor = rounding_floor(converted, inputs)
         ep = torch.export.export(converted, export_inputs, dynamic_shapes=dynamic_shapes)
     result.left_in_float = [str(record) for record in getattr(quantizer, "left_in_float", ())]
-    return ep, expected
+    return ep, _no_grad(converted)
+
+
+def _no_grad(model: Any) -> Callable[..., Any]:
+    def reference(*xs: torch.Tensor) -> Any:
+        with torch.no_grad():
+            return model(*xs)
+
+    return reference
+
+
+def dynamic_frames(inputs: tuple[torch.Tensor, ...]) -> tuple[dict[int, Any] | None, ...]:
+    """Dynamic shapes for a dynamic frame count: a clip ``(N, C, T, H, W)``'s T from 2 to twice the example's
+    (``Dim.DYNAMIC``: export narrows the range or adds the divisibility the network needs)."""
+    if inputs[0].dim() != 5:
+        raise ValueError(f"the network's input is {inputs[0].dim()}-D, not a clip (N, C, T, H, W)")
+    frames = torch.export.Dim.DYNAMIC(min=2, max=2 * inputs[0].shape[2])  # type: ignore[attr-defined]
+    return ({2: frames}, *(None for _ in inputs[1:]))
+
+
+def longer_clip(ep: Any, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
+    """The inputs with twice the example's frames (seeded), or None when the exported range stops short."""
+    frames = ep.graph_module.graph.find_nodes(op="placeholder")[-len(inputs)].meta["val"].shape[2]
+    length = 2 * inputs[0].shape[2]
+    if isinstance(frames, int):
+        return None
+    expr = frames.node.expr
+    uppers = {symbol: bound.upper for symbol, bound in ep.range_constraints.items() if symbol in expr.free_symbols}
+    longest = expr.subs(uppers)
+    if longest.is_number and longest.is_finite and int(longest) < length:
+        return None
+    generator = torch.Generator().manual_seed(0)
+    clip = torch.randn(*inputs[0].shape[:2], length, *inputs[0].shape[3:], generator=generator)
+    return (clip.to(inputs[0].dtype), *inputs[1:])
 
 
 def dynamic_batch(inputs: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], tuple[dict[int, Any], ...]]:
@@ -247,8 +285,13 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
             model, inputs = NETWORKS[name](size)
             if precision == "fp16":
                 model, inputs = model.half(), tuple(t.half() if t.is_floating_point() else t for t in inputs)
+        if batch == "frames" and inputs[0].dim() != 5:
+            result.status, result.error = "n/a", "not a video network: its input has no frame dim"
+            return result
         started = time.perf_counter()
-        ep, expected = _prepare(model, inputs, result, stock)
+        ep, reference = _prepare(model, inputs, result, stock)
+        expected = _first_tensor(reference(*inputs))
+        longer = longer_clip(ep, inputs) if batch == "frames" else None
         partitioner = _partitioner(stock)
         with stage("lower", result):
             edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
@@ -271,7 +314,13 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
                 module = load_module(buffer)  # buffer outlives the module
             with stage("run", result, failures):
                 got = _first_tensor(module.forward(inputs))
+                if longer is not None:
+                    result.long_frames = int(longer[0].shape[2])
+                    result.long_err = relative_error(_first_tensor(module.forward(longer)),
+                                                     _first_tensor(reference(*longer)))
         result.max_err = relative_error(got, expected)
+        if result.long_err is not None and result.max_err is not None:
+            result.max_err = max(result.max_err, result.long_err)
         if precision in ("static", "dynamic"):
             with torch.no_grad():
                 eager = _first_tensor(model(*inputs))
