@@ -55,6 +55,17 @@ class ConvGroupNorm(nn.Module):
         return F.silu(self.norm(self.conv(x)))
 
 
+class ConvThenMean(nn.Module):
+    """S3D's head: a 1x1x1 conv classifier, then the mean over frames, height and width."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(3, 5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mean(self.conv(x), dim=(2, 3, 4))
+
+
 class ConvInstanceNorm(nn.Module):
     """nnU-Net's block: Conv3d, InstanceNorm3d (affine), LeakyReLU."""
 
@@ -98,6 +109,7 @@ MODELS = {
     "nearest upsampling 2x (a 3-D UNet's decoder)": lambda: nn.Upsample(scale_factor=2.0, mode="nearest"),
     "nearest upsampling (1, 2, 3), exact": lambda: nn.Upsample(scale_factor=(1.0, 2.0, 3.0), mode="nearest-exact"),
     "adaptive average pooling to 1 (a classifier's head)": lambda: nn.AdaptiveAvgPool3d(1),
+    "mean over frames, height and width (S3D's head)": ConvThenMean,
     "conv, group norm, silu": ConvGroupNorm,
     "conv, instance norm, leaky relu": ConvInstanceNorm,
 }
@@ -115,6 +127,7 @@ QUICK = (
     "transposed conv 3, stride 2, padding 1, output padding 1",
     "nearest upsampling 2x (a 3-D UNet's decoder)",
     "adaptive average pooling to 1 (a classifier's head)",
+    "mean over frames, height and width (S3D's head)",
 )
 
 

@@ -17,6 +17,10 @@ partial sum), and ``1/K`` rounded once. In float16 every stage is a scaled mean 
 ``x / s`` (``xnnguard.rewrite.dtypes`` says why): a variance is ``q * K/(K - correction) * s * s``, a
 2-norm ``sqrt(q) * s * sqrt(K)``, each overflowing only where PyTorch's float16 result does.
 
+A mean over trailing dims one of which is dynamic (S3D's head over a clip's frames) is XNNPACK's global
+average pooling of the input viewed as ``(K, 1, -1, I)`` (``dynamic_mean_form``). Other reductions over a
+dynamic dim are left.
+
 int8: the stock XNNPACK quantizer leaves sum, var, std and norms float, so their pieces stay float. A
 mean is one of its share ops: quantized only when its input is, then at its input's scale. The pieces of
 a mean stay float too, and their output is quantized at the input's scale
@@ -50,7 +54,7 @@ from xnnguard.rewrite.reduce.forms import (
     trailing_sum,
 )
 from xnnguard.rewrite.reduce.keepdim_mean import is_mean_over_height_and_width
-from xnnguard.rewrite.reduce.plan import SumPlan, data_dims, reduced_dims, sum_plan
+from xnnguard.rewrite.reduce.plan import SumPlan, chain_stages, data_dims, reduced_dims, sum_plan
 
 __all__ = ["Reduction", "RewriteSumPass", "read_reduction", "reduction_function"]
 
@@ -170,6 +174,35 @@ def _half_second_moment(gathered: torch.Tensor, reduction: Reduction, plan: SumP
     return torch.sqrt(q) * s if reduction.kind == "std" else q * s * s
 
 
+def dynamic_mean_form(
+    shape: Sequence[int | torch.SymInt], reduction: Reduction, dtype: torch.dtype
+) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]] | None:
+    """A mean over trailing dims one of which is dynamic (a clip's frames), the others static: ``(f,
+    constants)``, or None when the mean is not of that kind.
+
+    No constant vector sums a dynamic length; XNNPACK's global average pooling (a kept mean over dims 2 and
+    3 of a 4-D tensor) averages a plane of any size at run time. The input is viewed as ``(K, 1, -1, I)``,
+    ``K`` the kept elements, ``I`` the static ones behind the dynamic dim, which a linear against ``1/I``
+    averages first (the bulk of the sum, no layout change); the pooling then takes the ``(K, 1, -1, 1)``
+    row means.
+    """
+    dynamic = [d for d, size in enumerate(shape) if not isinstance(size, int)]
+    dims = sorted(reduction.dims)
+    if len(dynamic) != 1 or dynamic[0] not in dims or dims != list(range(dims[0], len(shape))):
+        return None
+    kept = math.prod(int(size) for size in shape[: dims[0]])
+    inner = math.prod(int(size) for size in shape[dynamic[0] + 1:])
+    constants = sum_weights(chain_stages((inner,), *stage_rule(dtype)), 1.0 / inner, dtype) if inner > 1 else []
+
+    def f(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(kept, 1, -1, inner)
+        if weights:
+            rows = trailing_sum(rows, (inner,), weights)
+        return torch.mean(rows, [2, 3], True).reshape(_output_sizes(x, reduction))
+
+    return f, constants
+
+
 class RewriteSumPass(NodeRewritePass):
     """Replaces each sum/mean/var/std/vector norm by a permute (if needed), reshape, linears, reshape."""
 
@@ -204,6 +237,12 @@ class RewriteSumPass(NodeRewritePass):
             return None
         dtype = x.meta["val"].dtype
         plan = sum_plan(shape, reduction.dims, *stage_rule(dtype))
+        if isinstance(plan, str) and reduction.kind == "mean":
+            form = dynamic_mean_form(shape, reduction, dtype)
+            if form is not None:
+                function, constants = form
+                node.replace_all_uses_with(splice_before(graph_module, node, function, [x, *constants]))
+                return None
         if isinstance(plan, str):
             return plan
         if reduction.kind in ("var", "std") and plan.k - reduction.correction <= 0:
