@@ -110,6 +110,7 @@ MODELS = {
     "nearest upsampling (1, 2, 3), exact": lambda: nn.Upsample(scale_factor=(1.0, 2.0, 3.0), mode="nearest-exact"),
     "adaptive average pooling to 1 (a classifier's head)": lambda: nn.AdaptiveAvgPool3d(1),
     "mean over frames, height and width (S3D's head)": ConvThenMean,
+    "conv, prelu (MONAI's 3-D UNet)": lambda: nn.Sequential(nn.Conv3d(3, 8, 3, padding=1), nn.PReLU(8)),
     "conv, group norm, silu": ConvGroupNorm,
     "conv, instance norm, leaky relu": ConvInstanceNorm,
 }
@@ -128,6 +129,7 @@ QUICK = (
     "nearest upsampling 2x (a 3-D UNet's decoder)",
     "adaptive average pooling to 1 (a classifier's head)",
     "mean over frames, height and width (S3D's head)",
+    "conv, prelu (MONAI's 3-D UNet)",
 )
 
 

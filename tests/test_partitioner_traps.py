@@ -171,10 +171,21 @@ def test_a_5d_prelu_with_a_dynamic_batch_is_folded_to_4d_and_delegated() -> None
     torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], model(other), atol=1e-6, rtol=0)
 
 
-def test_a_5d_prelu_with_a_dynamic_depth_is_decomposed_and_runs() -> None:
-    """Folding D into H*W needs D's size: such a PReLU stays as it is, and its decomposition runs."""
+def test_a_5d_prelu_with_a_dynamic_depth_runs_as_a_4d_prelu_at_every_depth() -> None:
+    """The depth folds into H': the views say -1 for it, the one size XNNPACK's reshape infers."""
     model, inputs = PReLU(3).eval(), (torch.randn(1, 3, 2, 4, 5),)
     exported = torch.export.export(model, inputs, dynamic_shapes=({2: Dim("depth", min=1, max=8)},))
+    lowered = _lower_and_compare(exported, inputs, xnnguard.XnnpackPartitioner())
+    assert lowered.delegated_ops()["prelu"] == 1 and lowered.outside_ops() == {}
+    other = torch.randn(1, 3, 7, 4, 5)
+    torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], model(other), atol=1e-6, rtol=0)
+
+
+def test_a_5d_prelu_with_a_dynamic_batch_and_depth_is_decomposed_and_runs() -> None:
+    """Folding needs all but one size: such a PReLU stays as it is, and its decomposition runs."""
+    model, inputs = PReLU(3).eval(), (torch.randn(2, 3, 2, 4, 5),)
+    shapes = ({0: Dim("batch", min=1, max=4), 2: Dim("depth", min=1, max=8)},)
+    exported = torch.export.export(model, inputs, dynamic_shapes=shapes)
     partitioner = xnnguard.XnnpackPartitioner()
     lowered = _lower_and_compare(exported, inputs, partitioner)
     assert "prelu" not in lowered.delegated_ops()

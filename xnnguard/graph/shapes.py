@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["dynamic_broadcast_dim", "same_size", "shape_with_inferred_batch", "static_shape", "tensor_value"]
+__all__ = [
+    "dynamic_broadcast_dim", "same_size", "shape_with_inferred_batch", "shape_with_one_inferred", "static_shape",
+    "tensor_value",
+]
 
 
 def tensor_value(node: object) -> torch.Tensor | None:
@@ -37,6 +40,18 @@ def shape_with_inferred_batch(node: object) -> list[int] | None:
     if sizes and not isinstance(sizes[0], int):
         sizes[0] = -1
     return [int(size) for size in sizes] if all(isinstance(size, int) for size in sizes) else None
+
+
+def shape_with_one_inferred(node: object) -> list[int] | None:
+    """``node``'s shape with -1 for its one dynamic size (a batch, a clip's frames), the one size a view may
+    infer; None when it is no tensor or more than one size is dynamic."""
+    value = tensor_value(node)
+    if value is None:
+        return None
+    sizes = list(value.shape)
+    if sum(not isinstance(size, int) for size in sizes) > 1:
+        return None
+    return [int(size) if isinstance(size, int) else -1 for size in sizes]
 
 
 def dynamic_broadcast_dim(source: Sequence[object], target: Sequence[object]) -> int | None:
