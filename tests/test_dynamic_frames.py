@@ -235,3 +235,14 @@ def test_a_view_that_is_static_over_the_whole_range_of_frames_is_in_the_delegate
             expected = model(x)
         (out,) = run_pte(lowered.buffer, (x,))
         torch.testing.assert_close(out, expected, atol=float_tolerance(expected), rtol=0, msg=f"{length} frames")
+
+
+def test_a_conv_that_sees_one_frame_at_the_example_length_is_left_and_says_why() -> None:
+    """S3D at its test size: after two temporal strides its last blocks see one frame of the 8-frame example.
+    Traced there, the frames-as-rows form baked that 1 in, and the program failed at 16 frames."""
+    model = nn.Sequential(nn.MaxPool3d((2, 1, 1), (2, 1, 1)), nn.Conv3d(4, 4, (1, 3, 3), padding=(0, 1, 1))).eval()
+    example = torch.randn(1, 4, 2, 1, 1)
+    exported = torch.export.export(model, (example,), dynamic_shapes=({2: torch.export.Dim.DYNAMIC(min=2, max=8)},))
+    rewriter = xnnguard.XnnpackRewriter()
+    rewriter(exported)
+    assert any("frame count is 1 at the example length" in str(record) for record in rewriter.report), rewriter.report

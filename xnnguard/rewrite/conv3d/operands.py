@@ -34,6 +34,16 @@ class ConvArguments:
     dynamic_depth: bool = False
 
 
+def _one_at_the_example_only(size: torch.SymInt) -> bool:
+    """The symbolic ``size`` is 1 at the example the program was traced at, and larger at some length of
+    the range (constant 1 over the whole range is a size like any static one)."""
+    node = size.node
+    if getattr(node, "hint", None) != 1:
+        return False
+    upper = node.shape_env.bound_sympy(node.expr).upper
+    return not (upper.is_number and upper <= 1)
+
+
 def conv_arguments(
     node: torch.fx.Node, *, allow_dynamic_batch: bool = False, allow_dynamic_depth: bool = False
 ) -> ConvArguments | str:
@@ -65,6 +75,10 @@ def conv_arguments(
                         f"dynamic batch and depth {tuple(meta.shape)}: every 2-D form would need both inferred "
                         "in one reshape, and XNNPACK infers one dim"
                     )
+                if _one_at_the_example_only(sizes[2]):
+                    return ("its frame count is 1 at the example length, and tracing the 2-D form there bakes "
+                            "that 1 in (the program then fails at other lengths): export with an example clip "
+                            "that gives every layer two frames or more")
                 dynamic_depth, sizes[2] = True, 0
         if not all(isinstance(s, int) for s in sizes):
             return (
