@@ -34,6 +34,7 @@ from xnnguard.report import Rule
 from xnnguard.rewrite.conv3d.strided_select import select_every
 from xnnguard.rewrite.insert import splice_before
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rewrite.reduce.forms import dynamic_rows_mean
 from xnnguard.rewrite.size_args import Triple, ceil_extra, pooled_length, triple
 
 __all__ = ["Pool3d", "RewritePool3dPass", "pool3d", "pool3d_as_2d", "pool3d_correction"]
@@ -317,7 +318,7 @@ class RewritePool3dPass(NodeRewritePass):
             n, c, h, w = clip
 
             def global_mean(x_: torch.Tensor) -> torch.Tensor:
-                return torch.mean(x_.reshape(n, c, -1, h * w), [2, 3], True).reshape(n, c, 1, 1, 1)
+                return dynamic_rows_mean(x_.reshape(n, c, -1, h * w), h * w, ()).reshape(n, c, 1, 1, 1)
 
             x = node.args[0]
             assert isinstance(x, torch.fx.Node)

@@ -20,14 +20,12 @@ A dynamic batch with dynamic positions is left: the 4-D view would infer two siz
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 
 from xnnguard.rewrite.dtypes import is_half
 from xnnguard.rewrite.norm.base import Form, Operand, affine_operand, dtype_of, eps_constant
-from xnnguard.rewrite.reduce.forms import reshape_to, second_moment, stage_rule, sum_weights, trailing_sum
-from xnnguard.rewrite.reduce.plan import chain_stages
+from xnnguard.rewrite.reduce.forms import dynamic_rows_mean, dynamic_rows_weights, reshape_to, second_moment
 
 __all__ = ["dynamic_group_norm_form"]
 
@@ -51,7 +49,7 @@ def dynamic_group_norm_form(
     per_group = channels // groups
     inner = math.prod(int(size) for size in positions[j + 1:])  # the static positions after the dynamic dim
     dtype = dtype_of(x)
-    inner_weights = sum_weights(chain_stages((inner,), *stage_rule(dtype)), 1.0 / inner, dtype) if inner > 1 else []
+    inner_weights = dynamic_rows_weights(inner, dtype)
     channel_shape = [channels, 1, 1]
     scale = affine_operand(graph_module, weight, channel_shape)
     shift = affine_operand(graph_module, bias, channel_shape)
@@ -62,22 +60,17 @@ def dynamic_group_norm_form(
         *inner_weights,
     ]
 
-    def average(t: torch.Tensor, weights: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The mean of each group of ``(N, G, R, I)``, at ``(N, G, 1, 1)``."""
-        row_means = trailing_sum(t, (inner,), weights) if weights else t
-        return torch.mean(row_means, [2, 3], True)
-
     def group_norm(x_: torch.Tensor, eps_: torch.Tensor, weight_: torch.Tensor, bias_: torch.Tensor,
                    *weights: torch.Tensor) -> torch.Tensor:
         outer = math.prod(x_.shape[2:j + 3])  # the positions up to the dynamic dim: dynamic
         grouped = reshape_to(x_, [batch, groups, per_group * outer, inner])
-        mean = average(grouped, weights)
+        mean = dynamic_rows_mean(grouped, inner, weights)
         centered = grouped - mean
         if is_half(x_.dtype):
-            q, s = second_moment(centered, lambda t: average(t, weights))
+            q, s = second_moment(centered, lambda t: dynamic_rows_mean(t, inner, weights))
             rstd = torch.rsqrt(q + eps_ / s / s) / s
         else:
-            rstd = torch.rsqrt(average(centered * centered, weights) + eps_)
+            rstd = torch.rsqrt(dynamic_rows_mean(centered * centered, inner, weights) + eps_)
         per_channel = (rstd.reshape(batch, groups, 1) * weight_.reshape(groups, per_group)).reshape(
             batch, channels, 1, 1)
         by_channel = reshape_to(centered, [batch, channels, outer, inner])

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from xnnguard.rewrite.dtypes import HALF_MAX_STAGE, is_half
-from xnnguard.rewrite.reduce.plan import MAX_STAGE
+from xnnguard.rewrite.reduce.plan import MAX_STAGE, chain_stages
 
 __all__ = [
     "HALF_SCALE_FACTOR",
@@ -28,6 +28,8 @@ __all__ = [
     "Pick",
     "StageRule",
     "contiguous_view",
+    "dynamic_rows_mean",
+    "dynamic_rows_weights",
     "extremum",
     "reshape_to",
     "second_moment",
@@ -124,6 +126,23 @@ def trailing_sum(t: torch.Tensor, sizes: Sequence[int], weights: Sequence[torch.
                 t = _drop_last(t)
     target = list(out) if out is not None else [*kept, *([1] * len(sizes))]
     return t if list(t.shape) == target else reshape_to(t, target)
+
+
+def dynamic_rows_weights(inner: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The constants ``dynamic_rows_mean`` reads: a mean's chain of linears over ``inner`` (none for 1)."""
+    return sum_weights(chain_stages((inner,), *stage_rule(dtype)), 1.0 / inner, dtype) if inner > 1 else []
+
+
+def dynamic_rows_mean(t: torch.Tensor, inner: int, weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The mean of each ``(R, I)`` plane of a 4-D ``t`` (``R`` dynamic, ``I = inner`` static), kept at ``(.., 1, 1)``.
+
+    No constant vector sums a dynamic length; XNNPACK's global average pooling (a kept mean over dims 2 and
+    3 of a 4-D tensor) averages a plane of any size at run time. A linear against ``1/I``
+    (``dynamic_rows_weights``) averages the rows first: the bulk of the sum, with no layout change, so the
+    pooling's NHWC permute is ``I`` times smaller than ``t``.
+    """
+    rows = trailing_sum(t, (inner,), weights) if weights else t
+    return torch.mean(rows, [2, 3], True)
 
 
 def _stage_lengths(sizes: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:

@@ -46,6 +46,8 @@ from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.rank.base import high_rank, user_kept_out
 from xnnguard.rewrite.reduce.forms import (
     contiguous_view,
+    dynamic_rows_mean,
+    dynamic_rows_weights,
     reshape_to,
     second_moment,
     shifted_deviations,
@@ -54,7 +56,7 @@ from xnnguard.rewrite.reduce.forms import (
     trailing_sum,
 )
 from xnnguard.rewrite.reduce.keepdim_mean import is_mean_over_height_and_width
-from xnnguard.rewrite.reduce.plan import SumPlan, chain_stages, data_dims, reduced_dims, sum_plan
+from xnnguard.rewrite.reduce.plan import SumPlan, data_dims, reduced_dims, sum_plan
 
 __all__ = ["Reduction", "RewriteSumPass", "read_reduction", "reduction_function"]
 
@@ -180,11 +182,8 @@ def dynamic_mean_form(
     """A mean over trailing dims one of which is dynamic (a clip's frames), the others static: ``(f,
     constants)``, or None when the mean is not of that kind.
 
-    No constant vector sums a dynamic length; XNNPACK's global average pooling (a kept mean over dims 2 and
-    3 of a 4-D tensor) averages a plane of any size at run time. The input is viewed as ``(K, 1, -1, I)``,
-    ``K`` the kept elements, ``I`` the static ones behind the dynamic dim, which a linear against ``1/I``
-    averages first (the bulk of the sum, no layout change); the pooling then takes the ``(K, 1, -1, 1)``
-    row means.
+    The input viewed as ``(K, 1, -1, I)``, ``K`` the kept elements, ``I`` the static ones behind the dynamic
+    dim, and ``dynamic_rows_mean`` of it.
     """
     dynamic = [d for d, size in enumerate(shape) if not isinstance(size, int)]
     dims = sorted(reduction.dims)
@@ -192,15 +191,11 @@ def dynamic_mean_form(
         return None
     kept = math.prod(int(size) for size in shape[: dims[0]])
     inner = math.prod(int(size) for size in shape[dynamic[0] + 1:])
-    constants = sum_weights(chain_stages((inner,), *stage_rule(dtype)), 1.0 / inner, dtype) if inner > 1 else []
 
     def f(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(kept, 1, -1, inner)
-        if weights:
-            rows = trailing_sum(rows, (inner,), weights)
-        return torch.mean(rows, [2, 3], True).reshape(_output_sizes(x, reduction))
+        return dynamic_rows_mean(x.reshape(kept, 1, -1, inner), inner, weights).reshape(_output_sizes(x, reduction))
 
-    return f, constants
+    return f, dynamic_rows_weights(inner, dtype)
 
 
 class RewriteSumPass(NodeRewritePass):
