@@ -11,6 +11,7 @@ import torch
 from executorch.exir import EdgeProgramManager, to_edge, to_edge_transform_and_lower
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 
+import xnnguard
 from xnnguard.boundary.runtime import load_module
 from xnnguard.graph.ops import target_name
 
@@ -87,15 +88,16 @@ def lower(
 ) -> Lowered:
     """Export (unless given an ExportedProgram), lower with ``partitioner`` and serialize."""
     ep = model if isinstance(model, torch.export.ExportedProgram) else torch.export.export(model.eval(), inputs)
-    if via_to_backend:
-        edge = to_edge(ep)
-        if transform_passes:
-            edge = edge.transform(list(transform_passes))
-        edge = edge.to_backend(partitioner)
-    else:
-        edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], transform_passes=list(transform_passes))
-    delegated, outside, delegated_nodes = _placements(edge)
-    buffer = edge.to_executorch().buffer
+    with xnnguard.keep_dynamic_ranges():  # as the README says to lower a program with dynamic sizes
+        if via_to_backend:
+            edge = to_edge(ep)
+            if transform_passes:
+                edge = edge.transform(list(transform_passes))
+            edge = edge.to_backend(partitioner)
+        else:
+            edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], transform_passes=list(transform_passes))
+        delegated, outside, delegated_nodes = _placements(edge)
+        buffer = edge.to_executorch().buffer
     return Lowered(edge, buffer, delegated, outside, delegated_nodes)
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+import xnnguard
 from testbed.quantize import xnnguard_quantizer, xnnpack_quantizer
 from testbed.rounding_floor import rounding_floor
 from testbed.tolerance import NETWORK_TOLERANCE, mean_relative_error, network_matches, relative_error
@@ -293,13 +294,15 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
         expected = _first_tensor(reference(*inputs))
         longer = longer_clip(ep, inputs) if batch == "frames" else None
         partitioner = _partitioner(stock)
-        with stage("lower", result):
+        # xnnguard's flow lowers as the README says (the stock flow as users of ExecuTorch do)
+        keep_ranges = nullcontext if stock else xnnguard.keep_dynamic_ranges
+        with stage("lower", result), keep_ranges():
             edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
         count_graph(edge, result)
         result.kept_out = [str(record) for record in getattr(partitioner, "kept_out", ())]
         result.no_equivalent = [record.op for record in getattr(partitioner, "kept_out", ())
                                 if record.rule is Rule.NO_XNNPACK_EQUIVALENT]
-        with stage("serialize", result):
+        with stage("serialize", result), keep_ranges():
             buffer = edge.to_executorch().buffer
         result.lower_s = time.perf_counter() - started
         pte = pte_dir / f"{name}.{size}.{precision}.{batch}.{result.flow}.pte"

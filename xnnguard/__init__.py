@@ -29,12 +29,14 @@ _PUBLIC = {
     "XnnpackRewriter": "xnnguard.rewrite",
     "RewriteError": "xnnguard.rewrite",
     "verify_pte": "xnnguard.runtime_check",
+    "keep_dynamic_ranges": "xnnguard.dynamic_ranges",
     "assert_pte_ok": "xnnguard.runtime_check",
 }
 
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:  # the lazy names, for type checkers; "X as X" marks a re-export
+    from xnnguard.dynamic_ranges import keep_dynamic_ranges as keep_dynamic_ranges
     from xnnguard.partition import XnnpackPartitioner as XnnpackPartitioner
     from xnnguard.quantizer import XNNPACKQuantizer as XNNPACKQuantizer
     from xnnguard.report import KeptOut as KeptOut, Rule as Rule

@@ -58,6 +58,7 @@ from torch.fx.passes.infra.partitioner import Partition
 
 from xnnguard.boundary import releases
 from xnnguard.boundary.why_no_partition import stock_reasons
+from xnnguard.dynamic_ranges import warn_about_narrowed_ranges
 from xnnguard.graph.ops import target_name
 from xnnguard.partition import implicit_qdq
 from xnnguard.partition.configs import GUARDED_CONFIGS
@@ -174,6 +175,7 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         self.report = self._outside_records(gm, delegated)
         self._ledger, self._decomposed = Ledger(), {}
         self._register_quantized_kernels_if_needed(gm)
+        warn_about_narrowed_ranges(gm.graph)
         logger.info("xnnguard: %s; %d nodes delegated in %d partitions", summarize(self.report), len(delegated),
                     len(result.partition_tags))
         return result

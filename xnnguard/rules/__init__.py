@@ -13,6 +13,8 @@
 * ``no_equivalent``: what no XNNPACK node computes (integer tensors, gathers by run-time indices);
 * ``dynamic_conv_kind``: the convolutions XNNPACK runs dynamically quantized (2-D, not depthwise), which
   ``xnnguard.XNNPACKQuantizer`` asks (the partitioner has ExecuTorch's config for it);
+* ``conv_batch_range``: a float32 conv over a dynamic batch narrows its range while lowered (no node
+  stays out for it: ``xnnguard.keep_dynamic_ranges`` lowers without the narrowing);
 * ``keep_out``: ``keep_out_reason``, the one function the tag passes, the partitioner and the
   rewrites ask about a node.
 
