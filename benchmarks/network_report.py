@@ -131,16 +131,19 @@ def _num(value: float | None, fmt: str) -> str:
 
 def table(results: Sequence[Result]) -> str:
     quantized = any(r.precision in ("static", "dynamic") for r in results)
+    frames = any(r.batch == "frames" for r in results)  # dynamic frames: also the longer clip's run
     header = ("network", "result", "delegates", "ops outside (top kinds)", "max err",
               *(("err vs float", "reference vs float", "rounding floor") if quantized else ()),
-              "eager ms", "ET ms", "eager/ET")
+              "eager ms", "ET ms", "eager/ET", *(("longer clip", "ET ms there") if frames else ()))
     rows = []
     for r in results:
         ratio = r.eager_ms / r.et_ms if r.eager_ms and r.et_ms else None
         rows.append((r.network, r.status, _num(r.delegates, "d"), _kinds(r), _num(r.max_err, ".2e"),
                      *((_num(r.float_err, ".2e"), _num(r.reference_float_err, ".2e"), _num(r.rounding_floor, ".2e"))
                        if quantized else ()),
-                     _num(r.eager_ms, ".1f"), _num(r.et_ms, ".1f"), _num(ratio, ".2f")))
+                     _num(r.eager_ms, ".1f"), _num(r.et_ms, ".1f"), _num(ratio, ".2f"),
+                     *((f"{r.long_frames} frames" if r.long_frames else "-", _num(r.long_et_ms, ".1f"))
+                       if frames else ())))
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     lines = [" | ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows)]
     lines.insert(1, "-|-".join("-" * w for w in widths))

@@ -248,3 +248,14 @@ def test_a_repeat_reuses_the_programs_an_earlier_run_kept_and_converts_the_rest(
     assert ours is not None and (ours.artifact, ours.delegates, ours.outside, ours.max_err) == (record.pte, 1, 0, 1e-6)
     assert reused("litert", "unet3d", "bench", tmp_path) is None  # not kept: converted again
     assert reused("xnnguard-int8", "unet3d", "bench", tmp_path) is None
+
+
+def test_the_network_report_shows_a_dynamic_frames_programs_longer_clip_and_its_ms() -> None:
+    from benchmarks.network_report import table
+    from testbed.network_flow import Result
+
+    result = Result("unet3d", "bench", "float", "xnnguard", batch="frames", delegates=1, eager_ms=25.0, et_ms=6.4,
+                    long_frames=16, long_et_ms=12.3)
+    header, _, row = table([result]).splitlines()
+    assert "longer clip" in header and "ET ms there" in header
+    assert [cell.strip() for cell in row.split(" | ")[-2:]] == ["16 frames", "12.3"]
