@@ -55,6 +55,21 @@ class ConvGroupNorm(nn.Module):
         return F.silu(self.norm(self.conv(x)))
 
 
+class WanTimeUpsample(nn.Module):
+    """Wan 2.1's ``Resample("upsample3d")``: a causal (3, 1, 1) conv to twice the channels, the halves
+    ``torch.stack``-ed after the frames (``x[:, 0]``, ``x[:, 1]``: whole slices over the frames)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.time_conv = nn.Conv3d(3, 6, (3, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        x = self.time_conv(F.pad(x, (0, 0, 0, 0, 2, 0))).reshape(b, 2, c, t, h, w)
+        x = torch.stack((x[:, 0, :, :, :, :], x[:, 1, :, :, :, :]), 3)
+        return x.reshape(b, c, t * 2, h, w)
+
+
 class ConvThenMean(nn.Module):
     """S3D's head: a 1x1x1 conv classifier, then the mean over frames, height and width."""
 
@@ -113,6 +128,7 @@ MODELS = {
     "conv, prelu (MONAI's 3-D UNet)": lambda: nn.Sequential(nn.Conv3d(3, 8, 3, padding=1), nn.PReLU(8)),
     "conv, group norm, silu": ConvGroupNorm,
     "conv, instance norm, leaky relu": ConvInstanceNorm,
+    "Wan's temporal upsampling: halves stacked after the frames": WanTimeUpsample,
 }
 
 
@@ -130,6 +146,7 @@ QUICK = (
     "adaptive average pooling to 1 (a classifier's head)",
     "mean over frames, height and width (S3D's head)",
     "conv, prelu (MONAI's 3-D UNet)",
+    "Wan's temporal upsampling: halves stacked after the frames",
 )
 
 

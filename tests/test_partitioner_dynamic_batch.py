@@ -63,6 +63,29 @@ def test_a_flatten_under_a_dynamic_batch_is_delegated_and_runs_at_every_batch(pr
         torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], expected, atol=tolerance, rtol=0)
 
 
+class StackAfterConv(torch.nn.Module):
+    """Two conv branches stacked in a new dim (``torch.stack`` unsqueezes each: a view of the batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 4, 3), torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack((self.a(x), self.b(x)), 2).relu()
+
+
+def test_a_stack_under_a_dynamic_batch_is_delegated_and_runs_at_every_batch() -> None:
+    torch.manual_seed(0)
+    model, x = StackAfterConv().eval(), torch.randn(2, 3, 8, 8)
+    lowered = lower(torch.export.export(model, (x,), dynamic_shapes=BATCH), (x,), xnnguard.XnnpackPartitioner())
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1, lowered.outside_ops()
+    for batch in (1, 2, 5):
+        other = torch.randn(batch, 3, 8, 8)
+        expected = model(other)
+        torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], expected, atol=float_tolerance(expected),
+                                   rtol=0)
+
+
 def test_the_stock_partitioner_leaves_that_view_to_the_portable_kernel() -> None:
     """Why the rewrite exists: stock 1.5.1 splits the program at the flatten."""
     model, x = ConvFlattenLinear().eval(), torch.randn(2, 3, 8, 8)

@@ -23,7 +23,8 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
   (``xnnguard.boundary.releases.has_pre_decomposition_hook``), through the first ``ops_to_not_decompose`` call,
   which 1.4 makes at the same point: on its own copy of the ATen program, before any decomposition;
   at the same point, a view with one dynamic dim (a dynamic batch) is written with -1 for it
-  (``InferredViewPass``): the same view, in the form XNNPACK takes;
+  (``InferredViewPass``): the same view, in the form XNNPACK takes, and a stack over a dynamic dim as a
+  cat of such views (``InferredStackPass``), before its decomposition spells the dim as a symbol;
 * never lets a partition output a memory-format round trip of its own input (XNNPACK's copy removal
   would make the delegate output its input): such an output, and what in the partition reads it, runs
   outside;
@@ -68,6 +69,7 @@ from xnnguard.partition.outside import is_operator_call, outside_record
 from xnnguard.report import KeptOut, Rule, summarize
 from xnnguard.rewrite.forms.float_scalars import FloatScalarsPass
 from xnnguard.rewrite.forms.inference_detach import InferenceDetachPass
+from xnnguard.rewrite.forms.inferred_stack import InferredStackPass
 from xnnguard.rewrite.forms.inferred_view import InferredViewPass
 from xnnguard.rewrite.forms.low_rank_dequantize import LowRankDequantizePass
 from xnnguard.rewrite.forms.max_keepdim import MaxKeepdimPass
@@ -133,7 +135,7 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
             return exported_program
         program = exported_program.run_decompositions({})  # a new graph, as the lowering makes next
         if dynamic:  # after run_decompositions({}): it spells out the sizes of views (a flatten's too)
-            rewrites = [*rewrites, InferredViewPass()]
+            rewrites = [*rewrites, *_dynamic_dim_rewrites()]
         run_passes(rewrites, program.graph_module)  # in place: they add ops only, no inputs or weights
         return program
 
@@ -150,7 +152,7 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         if not releases.has_pre_decomposition_hook() and getattr(ep, "dialect", "EDGE") != "EDGE":
             rewrites = _pre_decomposition_rewrites(ep.graph_module)
             if _has_dynamic_dims(ep.graph_module):
-                rewrites.append(InferredViewPass())
+                rewrites.extend(_dynamic_dim_rewrites())
             if rewrites:
                 run_passes(rewrites, ep.graph_module)
         ops, stock_filter = super().ops_to_not_decompose(ep)
@@ -265,6 +267,12 @@ def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[Node
         LowRankDequantizePass(),
     )
     return [rewrite for rewrite in forms if rewrite.applies_to(graph_module)]
+
+
+def _dynamic_dim_rewrites() -> list[NodeRewritePass]:
+    """What a program with a dynamic dim needs before decomposition: a stack as views that infer the dim,
+    then every view's dynamic size as -1."""
+    return [InferredStackPass(), InferredViewPass()]
 
 
 def _has_dynamic_dims(graph_module: torch.fx.GraphModule) -> bool:
