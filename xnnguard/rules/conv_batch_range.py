@@ -1,10 +1,13 @@
 """A float32 2-D convolution over a dynamic batch loses part of that batch's range while it is lowered.
 
-This module is the one place that rule lives. ATen runs a float32 NCHW convolution with stride 1, no
-dilation, a kernel under 17 and padding under the kernel on NNPACK when the batch is at least 16
-(``ConvParams::use_nnpack`` in ``aten/src/ATen/native/Convolution.cpp``). FakeTensor's convolution asks
-that choice, only to pick its output's memory format, whenever the sizes have hints; on a dynamic batch
-``batch >= 16`` is then a guard, decided by the example's batch. ExecuTorch traces every convolution
+This module is the one place that rule lives. ATen's backend choice for a float32 NCHW convolution
+with stride 1 and no dilation asks whether the batch is at least 16 (``use_nnpack`` in
+``aten/src/ATen/native/Convolution.cpp``, which also wants a kernel under 17 and padding under the
+kernel; at 12x12 inputs the guard came through a plain ``guard_bool`` of that choice too, so more than
+NNPACK's check asks it). FakeTensor's convolution asks that choice, only to pick its
+output's memory format, whenever the sizes have hints; on a dynamic batch ``batch >= 16`` is then a
+guard, decided by the example's batch. The conditions below are the ones
+``tests/test_dynamic_ranges.py`` checks against what lowering does. ExecuTorch traces every convolution
 again after export (XNNPACK's ``ChannelsLastTaggedReshapePass`` in ``preprocess``, the delegate call's
 fake kernel in ``to_executorch``), and that guard narrows the range the input buffers are planned for:
 an example batch under 16 caps the program at 15 (``Error resizing tensor at input 0`` above it). An

@@ -28,18 +28,17 @@ def stacked_view_shapes(node: torch.fx.Node) -> tuple[int, list[list[int]]] | No
     when the form does not apply (no dynamic dim, two of them, a zero size)."""
     if not is_op(node, "stack", "default") or not isinstance(node.args[0], list | tuple):
         return None
-    tensors = list(node.args[0])
-    shapes = [shape_with_one_inferred(t) for t in tensors]
-    if not tensors or any(shape is None or 0 in shape for shape in shapes):
+    found = [shape_with_one_inferred(t) for t in node.args[0]]
+    shapes = [shape for shape in found if shape is not None and 0 not in shape]
+    if not shapes or len(shapes) != len(found):
         return None
-    if not any(-1 in shape for shape in shapes if shape is not None):
+    if not any(-1 in shape for shape in shapes):
         return None  # static: the stock lowering takes it
-    rank = len(shapes[0] or [])
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
     if not isinstance(dim, int):
         return None
-    dim %= rank + 1
-    return dim, [[*shape[:dim], 1, *shape[dim:]] for shape in shapes if shape is not None]
+    dim %= len(shapes[0]) + 1
+    return dim, [[*shape[:dim], 1, *shape[dim:]] for shape in shapes]
 
 
 class InferredStackPass(NodeRewritePass):
