@@ -171,6 +171,26 @@ def test_a_video_op_with_dynamic_frames_runs_in_one_delegate_at_every_length(nam
         torch.testing.assert_close(out, expected, atol=float_tolerance(expected), rtol=0, msg=f"{frames} frames")
 
 
+def test_whole_slices_over_frames_exported_as_dim_dynamic_are_in_the_delegate() -> None:
+    """``Dim.DYNAMIC`` traces the frames without an upper bound, so ``x[:, 0, :, :, :, :]`` keeps a
+    ``slice(x, 2, 0, INT64_MAX)`` over them (a named ``Dim`` has it elided), which ExecuTorch's slice config
+    refuses: Wan's decoder exported as the benchmark does was 3 delegates, these slices between them."""
+    torch.manual_seed(0)
+    model = WanTimeUpsample().eval()
+    example = torch.randn(1, 3, 8, 12, 10)
+    frames = torch.export.Dim.DYNAMIC(min=FRAMES.min, max=FRAMES.max)  # type: ignore[attr-defined]
+    exported = torch.export.export(model, (example,), dynamic_shapes=({2: frames},))
+    assert any(node.target == torch.ops.aten.slice.Tensor for node in exported.graph.nodes)  # what is tested
+    lowered = lower(xnnguard.rewrite_for_xnnpack(exported), (example,), xnnguard.XnnpackPartitioner())
+    assert lowered.num_delegates == 1 and not lowered.outside_ops(), lowered.outside_ops()
+    for length in LENGTHS:
+        x = torch.randn(1, 3, length, 12, 10)
+        with torch.no_grad():
+            expected = model(x)
+        (out,) = run_pte(lowered.buffer, (x,))
+        torch.testing.assert_close(out, expected, atol=float_tolerance(expected), rtol=0, msg=f"{length} frames")
+
+
 def test_a_conv_with_dynamic_batch_and_frames_is_left_and_says_why() -> None:
     """Both in one XNNPACK reshape cannot be inferred: the conv stays as it was, with that reason."""
     model = nn.Conv3d(3, 8, 3, padding=1).eval()

@@ -24,7 +24,8 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
   which 1.4 makes at the same point: on its own copy of the ATen program, before any decomposition;
   at the same point, a view with one dynamic dim (a dynamic batch) is written with -1 for it
   (``InferredViewPass``): the same view, in the form XNNPACK takes, and a stack over a dynamic dim as a
-  cat of such views (``InferredStackPass``), before its decomposition spells the dim as a symbol;
+  cat of such views (``InferredStackPass``), before its decomposition spells the dim as a symbol, and a
+  slice that keeps its whole input (``x[:, 0, :]`` over a ``Dim.DYNAMIC`` dim) is dropped (``WholeSlicePass``);
 * never lets a partition output a memory-format round trip of its own input (XNNPACK's copy removal
   would make the delegate output its input): such an output, and what in the partition reads it, runs
   outside;
@@ -77,6 +78,7 @@ from xnnguard.rewrite.forms.output_dequantize import OutputDequantizePass
 from xnnguard.rewrite.forms.prelu_to_4d import PReLUTo4dPass
 from xnnguard.rewrite.forms.requantized_views import RequantizedViewsPass
 from xnnguard.rewrite.forms.values_only_max_pool import ValuesOnlyMaxPoolPass
+from xnnguard.rewrite.forms.whole_slice import WholeSlicePass
 from xnnguard.rewrite.node_rewrite import NodeRewritePass
 from xnnguard.rewrite.runner import run_passes
 from xnnguard.rules.keep_out import keep_out_reason
@@ -270,9 +272,10 @@ def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[Node
 
 
 def _dynamic_dim_rewrites() -> list[NodeRewritePass]:
-    """What a program with a dynamic dim needs before decomposition: a stack as views that infer the dim,
-    then every view's dynamic size as -1."""
-    return [InferredStackPass(), InferredViewPass()]
+    """What a program with a dynamic dim needs before decomposition: no slice that keeps its whole input
+    (XNNPACK takes no slice of a symbolic dim), a stack as views that infer the dim, then every view's
+    dynamic size as -1."""
+    return [WholeSlicePass(), InferredStackPass(), InferredViewPass()]
 
 
 def _has_dynamic_dims(graph_module: torch.fx.GraphModule) -> bool:
