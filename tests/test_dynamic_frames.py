@@ -14,6 +14,7 @@ from torch import nn
 
 import xnnguard
 from testbed.lowered import lower, run_pte
+from testbed.networks.swin3d import SwinTransformerBlock
 from testbed.tolerance import float_tolerance
 
 FRAMES = torch.export.Dim("frames", min=4, max=32)
@@ -283,3 +284,55 @@ def test_a_conv_that_sees_one_frame_at_the_example_length_is_left_and_says_why()
     rewriter = xnnguard.XnnpackRewriter()
     rewriter(exported)
     assert any("frame count is 1 at the example length" in str(record) for record in rewriter.report), rewriter.report
+
+
+class SwinBlock(nn.Module):
+    """Swin3D's patch embedding and one block at 28 x 28: 7 x 7 tokens, so the (8, 7, 7) window shrinks to
+    the input and does not shift; over 4 to 16 frames it is (frames // 2) x 7 x 7 tokens, a dynamic window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Conv3d(3, 8, (2, 4, 4), stride=(2, 4, 4))
+        self.block = SwinTransformerBlock(8, 2, [8, 7, 7], [4, 3, 3])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(self.embed(x).permute(0, 2, 3, 4, 1))
+
+
+def test_window_attention_over_a_dynamic_frame_count_loads_and_runs_at_every_length() -> None:
+    """The relative position bias, gathered flat and viewed back to (n, n, heads), had a size ExecuTorch bounds
+    at four times its largest value: the .pte failed to load (0x21, a planned view past its arena)."""
+    torch.manual_seed(0)
+    model = SwinBlock().eval()
+    example = torch.randn(1, 3, 8, 28, 28)
+    frames = torch.export.Dim.DYNAMIC(min=4, max=16)  # a named Dim: export says the window's guards need even frames
+    exported = torch.export.export(model, (example,), dynamic_shapes=({2: frames},))
+    lowered = lower(xnnguard.rewrite_for_xnnpack(exported), (example,), xnnguard.XnnpackPartitioner())
+    for length in (4, 7, 16):
+        x = torch.randn(1, 3, length, 28, 28)
+        with torch.no_grad():
+            expected = model(x)
+        (out,) = run_pte(lowered.buffer, (x,))
+        torch.testing.assert_close(out, expected, atol=float_tolerance(expected), rtol=0, msg=f"{length} frames")
+
+
+class SquareOfFrames(nn.Module):
+    """Rows that are the square of the frame count (``reshape(t ** 2, 1)``), each scaled by every frame."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        frames = x[0, 0]
+        squares = (frames[:, None] * frames[None, :]).reshape(frames.shape[0] ** 2, 1)
+        return torch.relu((squares * frames[None, :]).unsqueeze(0))
+
+
+def test_a_size_the_rewrite_writes_as_a_square_of_the_frames_lowers() -> None:
+    """Exported again, the rewritten program spelled the size ``t ** 2`` as an ``operator.pow`` node, which
+    ExecuTorch's edge verifier refuses ('invalid target for call_function <built-in function pow>')."""
+    model = SquareOfFrames().eval()
+    example = torch.randn(1, 3, 5)
+    exported = torch.export.export(model, (example,), dynamic_shapes=({2: torch.export.Dim("t", min=2, max=8)},))
+    lowered = lower(xnnguard.rewrite_for_xnnpack(exported), (example,), xnnguard.XnnpackPartitioner())
+    for length in (2, 5, 8):
+        x = torch.randn(1, 3, length)
+        (out,) = run_pte(lowered.buffer, (x,))
+        torch.testing.assert_close(out, model(x), atol=0, rtol=0, msg=f"{length} frames")

@@ -510,3 +510,30 @@ def test_a_class_token_expanded_to_a_dynamic_batch_is_in_the_one_delegate_at_eve
         torch.testing.assert_close(got[:, 0], want[:, 0], atol=1e-5, rtol=1e-5)  # the token rows
     clean = torch.randn(3, 5, 12)
     torch.testing.assert_close(run_pte(lowered.buffer, (clean,))[0], model(clean), atol=1e-5, rtol=1e-5)
+
+
+class RelativePositionBias(torch.nn.Module):
+    """Swin's relative position bias over a window of ``4 * (t // 2)`` tokens: gathered flat, viewed back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(30, 2))
+        self.register_buffer("index", torch.randint(0, 30, (40, 40)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = 4 * (x.shape[0] // 2)
+        index: torch.Tensor = self.index  # type: ignore[assignment]
+        return self.table[index[:n, :n].flatten()].view(n, n, -1) + x[:1, :1, None]
+
+
+def test_a_gather_by_a_flattened_index_viewed_back_has_the_index_sizes_not_a_division_of_them() -> None:
+    """Split back, the view's second size was ``(16*t**2) // t``, which ExecuTorch bounds at four times its largest."""
+    model = RelativePositionBias().eval()
+    dims = ({0: torch.export.Dim.DYNAMIC(min=4, max=16)},)
+    rewritten = rewrite_for_xnnpack(torch.export.export(model, (torch.randn(8, 3),), dynamic_shapes=dims))
+    (output,) = rewritten.graph.find_nodes(op="output")
+    rows, columns, heads = output.args[0][0].meta["val"].shape
+    assert columns.node.expr == rows.node.expr and heads == 2, (rows, columns)  # the symbols, not their values
+    for rows in (4, 9, 16):
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(rewritten.module()(x), model(x), atol=0, rtol=0)

@@ -19,6 +19,7 @@ from torch.export import Dim, ExportedProgram
 from torch.utils._sympy.numbers import int_oo
 
 from xnnguard.rewrite.runner import RewriteError
+from xnnguard.rewrite.sym_powers import powers_as_products
 
 __all__ = ["dynamic_shapes", "example_inputs", "export_again"]
 
@@ -108,8 +109,14 @@ def export_again(module: torch.nn.Module, ep: ExportedProgram) -> ExportedProgra
     The dims are named ``Dim``s over ``ep``'s ranges, so that equal dims stay one symbol. A program exported
     with ``Dim.AUTO`` carries relations the named dims do not say (a stride-2 conv's ``(s - 1) // 2 + 1 != 1``),
     and the 2-D forms of a dynamic depth add guards of their own; when export refuses the named dims for
-    that, the same ranges are given again as hints it may refine.
+    that, the same ranges are given again as hints it may refine. A size the rewrites spell out that export
+    writes as a power (``t ** 2``) becomes a product (``xnnguard.rewrite.sym_powers``): ExecuTorch refuses
+    ``operator.pow``.
     """
+    return powers_as_products(_export(module, ep))
+
+
+def _export(module: torch.nn.Module, ep: ExportedProgram) -> ExportedProgram:
     args, kwargs = example_inputs(ep)
     shapes = dynamic_shapes(ep, module)
     try:

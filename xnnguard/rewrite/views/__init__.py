@@ -19,6 +19,7 @@ from xnnguard.rewrite.fold.fold_constants import FoldConstantsPass
 from xnnguard.rewrite.views.constant_gather import ConstantGatherPass
 from xnnguard.rewrite.views.constant_where import ConstantWherePass
 from xnnguard.rewrite.views.expand import BroadcastViewsPass
+from xnnguard.rewrite.views.gather_in_index_shape import GatherInIndexShapePass
 from xnnguard.rewrite.views.inplace_updates import InPlaceSliceUpdatesPass
 from xnnguard.rewrite.views.matmul import MatmulAsBmmPass
 from xnnguard.rewrite.views.roll import RollAsSlicesPass
@@ -29,6 +30,7 @@ __all__ = [
     "BroadcastViewsPass",
     "ConstantGatherPass",
     "ConstantWherePass",
+    "GatherInIndexShapePass",
     "InPlaceSliceUpdatesPass",
     "MatmulAsBmmPass",
     "RollAsSlicesPass",
@@ -45,6 +47,7 @@ def passes() -> list[PassBase]:
         ViewsAsSlicesPass(),
         StridedSliceAsReshapePass(),
         RollAsSlicesPass(),
+        GatherInIndexShapePass(),
         ConstantGatherPass(),
         ConstantWherePass(),
         BroadcastViewsPass(),
