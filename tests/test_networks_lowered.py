@@ -53,3 +53,22 @@ def test_a_network_runs_on_at_most_three_delegates_with_no_compute_outside_and_m
     assert result.status == "ok", result.error
     assert result.delegates is not None and 1 <= result.delegates <= MAX_DELEGATES, result.delegates
     assert compute_outside(result) == 0, result.outside_kinds
+
+
+# Dynamic frames (issue 33, `testbed.network_flow.dynamic_frames`: 2 to twice the example's), run at the example's
+# frames and at twice as many: the 3-D UNet (ConvTranspose3d, InstanceNorm3d) and the video VAE (causal convs,
+# RMS norms, frame folds) in static and dynamic int8, and the Wan decoder (whole slices, stacks over the frames)
+# in float. Each takes 40-90 s of ExecuTorch lowering: the slow tier.
+FRAMES_PROGRAMS = [pytest.param(name, precision, id=f"{name}-{precision}", marks=pytest.mark.slow)
+                   for name, precision in (("unet3d", "static"), ("unet3d", "dynamic"), ("video_vae", "static"),
+                                           ("video_vae", "dynamic"), ("wan_vae", "float"))]
+
+
+@pytest.mark.parametrize("name, precision", FRAMES_PROGRAMS)
+def test_a_video_network_with_dynamic_frames_is_one_delegate_and_matches_at_two_lengths(
+    name: str, precision: str, tmp_path: Path
+) -> None:
+    result = lower_network(name, "test", precision, False, tmp_path, batch="frames")
+    assert result.status == "ok", result.error
+    assert result.delegates == 1 and compute_outside(result) == 0, (result.delegates, result.outside_kinds)
+    assert result.long_frames is not None and result.long_err is not None, "not run at the longer clip"
