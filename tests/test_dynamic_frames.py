@@ -7,6 +7,8 @@ that divides no stride, against eager PyTorch at the same length.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +18,8 @@ import xnnguard
 from testbed.lowered import lower, run_pte
 from testbed.networks.swin3d import SwinTransformerBlock
 from testbed.tolerance import float_tolerance
+from tests.support import ops
+from xnnguard.rewrite.conv3d.dynamic_depth import frames_along_height, height_layout
 
 FRAMES = torch.export.Dim("frames", min=4, max=32)
 LENGTHS = (4, 7, 32)
@@ -100,6 +104,10 @@ MODELS = {
     "conv 3x7x7, stride (1, 2, 2)": lambda: nn.Conv3d(3, 8, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False),
     "conv 3x3x3, stride 2": lambda: nn.Conv3d(3, 8, 3, stride=2, padding=1),
     "conv 1x3x3 (R(2+1)D spatial)": lambda: nn.Conv3d(3, 8, (1, 3, 3), padding=(0, 1, 1)),
+    "conv 1x3x3, stride (1, 2, 2), relu": lambda: nn.Sequential(
+        nn.Conv3d(3, 8, (1, 3, 3), (1, 2, 2), (0, 1, 1)), nn.ReLU()
+    ),
+    "conv 1x2x2, stride 1 (an even kernel: frames as rows)": lambda: nn.Conv3d(3, 8, (1, 2, 2)),
     "conv 3x1x1 (R(2+1)D temporal)": lambda: nn.Conv3d(3, 8, (3, 1, 1), padding=(1, 0, 0)),
     "conv grouped, dilated in depth": lambda: nn.Conv3d(
         4, 8, (3, 1, 3), padding=(2, 0, 1), dilation=(2, 1, 1), groups=2
@@ -136,6 +144,7 @@ MODELS = {
 # the default tier runs one of each family; the rest of the forms run in the slow tier
 QUICK = (
     "conv 3x3x3, stride 2",
+    "conv 1x3x3, stride (1, 2, 2), relu",
     "causal conv",
     "avg pool 3, padding 1, counting it",
     "stem: conv, batch norm, relu, max pool",
@@ -215,8 +224,23 @@ class UNetBlock(nn.Module):
         return self.block(self.up(x))
 
 
+class SeparableBlock(nn.Module):
+    """R(2+1)D's (2+1)-D conv: a (1, 3, 3) conv (frames along height), batch norm, ReLU, a (3, 1, 1) conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spatial, self.bn = nn.Conv3d(3, 6, (1, 3, 3), padding=(0, 1, 1)), nn.BatchNorm3d(6)
+        self.temporal = nn.Conv3d(6, 8, (3, 1, 1), padding=(1, 0, 0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.temporal(torch.relu(self.bn(self.spatial(x))))
+
+
+INT8_MODELS = {"stem": Stem, "unet block": UNetBlock, "separable block": SeparableBlock}
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static int8", "dynamic int8"])
-@pytest.mark.parametrize("name", [pytest.param("stem", marks=pytest.mark.slow), "unet block"])
+@pytest.mark.parametrize("name", [pytest.param("stem", marks=pytest.mark.slow), "unet block", "separable block"])
 def test_an_int8_video_program_with_dynamic_frames_is_one_delegate_as_close_to_float_as_pt2e(
     name: str, dynamic: bool
 ) -> None:
@@ -227,7 +251,7 @@ def test_an_int8_video_program_with_dynamic_frames_is_one_delegate_as_close_to_f
     from testbed.tolerance import dynamic_step, int8_tolerance
 
     torch.manual_seed(0)
-    model = (Stem() if name == "stem" else UNetBlock()).eval()
+    model = INT8_MODELS[name]().eval()
     example = torch.randn(1, 3, 8, 12, 10)
     exported = torch.export.export(model, (example,), dynamic_shapes=({2: FRAMES},))
     converted = quantize_pt2e(xnnguard.rewrite_for_xnnpack(exported), (example,), xnnguard_quantizer(dynamic=dynamic))
@@ -336,3 +360,49 @@ def test_a_size_the_rewrite_writes_as_a_square_of_the_frames_lowers() -> None:
         x = torch.randn(1, 3, length)
         (out,) = run_pte(lowered.buffer, (x,))
         torch.testing.assert_close(out, model(x), atol=0, rtol=0, msg=f"{length} frames")
+
+
+@pytest.mark.parametrize("conv", [
+    nn.Conv3d(3, 8, (1, 3, 3), padding=(0, 1, 1)),
+    nn.Conv3d(3, 8, (1, 7, 7), (1, 2, 2), (0, 3, 3)),
+    nn.Conv3d(3, 8, (1, 3, 3), (1, 2, 2)),
+], ids=["1x3x3, padding 1", "1x7x7, stride 2, padding 3", "1x3x3, stride 2, no padding"])
+def test_a_depth_one_kernel_over_dynamic_frames_is_one_conv2d_over_every_frames_rows(conv: nn.Conv3d) -> None:
+    """R(2+1)D's spatial convs: no copy per tap (frames as rows made ``kw`` of them), and a static batch."""
+    example = torch.randn(1, 3, 8, 12, 10)
+    exported = torch.export.export(conv.eval(), (example,), dynamic_shapes=({2: FRAMES},))
+    rewritten = xnnguard.rewrite_for_xnnpack(exported)
+    convs = [node for node in rewritten.graph.nodes if node.target is torch.ops.aten.conv2d.default]
+    assert len(convs) == 1 and "cat" not in ops(rewritten), ops(rewritten)
+    assert isinstance(convs[0].args[0].meta["val"].shape[0], int)  # the frames are rows, not the batch
+    for frames in (4, 7):
+        x = torch.randn(1, 3, frames, 12, 10)
+        with torch.no_grad():
+            torch.testing.assert_close(rewritten.module()(x), conv(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_temporal_kernel_over_dynamic_frames_is_views_around_one_conv2d() -> None:
+    """R(2+1)D's temporal convs over several clips: (N, C, D, H*W) as it lies in memory, frames inferred."""
+    conv = nn.Conv3d(3, 8, (3, 1, 1), padding=(1, 0, 0)).eval()
+    exported = torch.export.export(conv, (torch.randn(2, 3, 8, 6, 5),), dynamic_shapes=({2: FRAMES},))
+    rewritten = xnnguard.rewrite_for_xnnpack(exported)
+    assert {"cat", "permute", "slice"}.isdisjoint(ops(rewritten)), ops(rewritten)
+    x = torch.randn(2, 3, 7, 6, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(rewritten.module()(x), conv(x), atol=1e-5, rtol=1e-5)
+
+
+def test_frames_along_height_is_the_per_frame_convolution_for_every_geometry_it_takes() -> None:
+    """Heights, kernels, strides, dilations and paddings (top and bottom apart) over four frames, in eager."""
+    torch.manual_seed(0)
+    taken = 0
+    for h, k, s, d, top, bottom in itertools.product((5, 6, 7), (1, 2, 3, 4, 7), (1, 2, 3), (1, 2), (0, 1, 3), (0, 2)):
+        layout = height_layout(h, k, s, d, top, bottom)
+        if d * (k - 1) + 1 > h + top + bottom or layout is None:
+            continue
+        x, weight, bias = torch.randn(2, 3, 4, h, 6), torch.randn(5, 3, k, 3), torch.randn(5)
+        expected = F.conv3d(F.pad(x, (1, 1, top, bottom)), weight[:, :, None], bias, (1, s, 1), 0, (1, d, 1))
+        got = frames_along_height(x, weight, bias, layout, (s, 1), (1, 1), (d, 1), 1)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=str((h, k, s, d, top, bottom)))
+        taken += 1
+    assert taken > 300

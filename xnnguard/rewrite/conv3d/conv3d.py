@@ -24,8 +24,10 @@ Three forms, cheapest first:
   get a weight of their own, quantized to other scales).
 
 Every form keeps a dynamic batch (its reshapes say -1 for it). A dynamic depth (frame count), with a static
-batch, takes a fourth form, **frames as rows** (``xnnguard.rewrite.conv3d.dynamic_depth``): the frames stay
-a whole spatial dim of one conv2d, which XNNPACK sizes at run time. Height and width must be static.
+batch, keeps the frames a whole spatial dim of one conv2d, which XNNPACK sizes at run time
+(``xnnguard.rewrite.conv3d.dynamic_depth``): a (k, 1, 1) kernel is the temporal form with the frames
+inferred, a kernel of depth 1 is **frames along height** (each frame's rows after the last one's), any
+other is **frames as rows** (the taps along W as channels). Height and width must be static.
 
 Padding modes other than zeros never reach this pass: export spells them as a pad op in front of a conv
 without padding. A conv2d's input is what its form computes, with no copy for quantization's sake: where
@@ -43,7 +45,14 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from xnnguard.rewrite.conv3d.dynamic_depth import frames_as_rows, rows_weight, taps_along
+from xnnguard.rewrite.conv3d.dynamic_depth import (
+    HeightLayout,
+    frames_along_height,
+    frames_as_rows,
+    height_layout,
+    rows_weight,
+    taps_along,
+)
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
 from xnnguard.rewrite.conv3d.spliced_conv import Activation, SplicedConvPass
 from xnnguard.rewrite.conv3d.strided_select import select_every
@@ -86,6 +95,10 @@ class Conv3dGeometry:
     @property
     def form(self) -> str:
         if self.dynamic_depth:
+            if self._is_temporal():
+                return "temporal"
+            if self.height_layout() is not None:
+                return "frames along height"
             return "frames as rows"
         if self._is_one_patch():
             return "one patch"
@@ -114,6 +127,15 @@ class Conv3dGeometry:
         front, back = self.padding[0]
         no_depth_padding = front == 0 and (back == 0 or self.output_shape[2] * kd <= self.input_shape[2])
         return no_depth_padding and (self.dilation[0] == 1 or kd == 1) and self.stride[0] == kd
+
+    def height_layout(self) -> HeightLayout | None:
+        """For a dynamic depth: the layout of ``frames_along_height`` (a kernel of depth 1, depth stride 1,
+        no depth padding), or None when it does not apply."""
+        kd, kh = self.weight_shape[2:4]
+        if kd != 1 or self.stride[0] != 1 or self.padding[0] != (0, 0):
+            return None
+        top, bottom = self.padding[1]
+        return height_layout(self.input_shape[3], kh, self.stride[1], self.dilation[1], top, bottom)
 
     def spatial_padding(self) -> tuple[int, int] | None:
         """Symmetric (H, W) padding for conv2d, or None when a side needs an explicit pad."""
@@ -182,6 +204,8 @@ def conv2d_constants(
     with_bias = [bias.clone()] if bias is not None else []
     if form == "frames as rows":
         return [rows_weight(weight, taps_along(geometry.weight_shape[2:], geometry.stride)), *with_bias]
+    if form == "frames along height":
+        return [weight[:, :, 0].clone(), *with_bias]
     if form == "one patch":
         return [weight.reshape(out_c, -1), *with_bias]
     if form == "temporal":
@@ -230,6 +254,11 @@ def conv3d_as_conv2d(
         along = taps_along((kd, kh, kw), geometry.stride)
         return act(frames_as_rows(x, next(read), bias(), (kd, kh, kw), geometry.stride, geometry.padding,
                                   geometry.dilation, groups, along))
+    if form == "frames along height":
+        layout = geometry.height_layout()
+        assert layout is not None
+        return frames_along_height(x, next(read), bias(), layout, (sh, sw), geometry.padding[2], (dh, dw), groups,
+                                   activation)
     if form == "one patch":  # batch-agnostic (-1): the one form that keeps a dynamic batch
         patch = x[:, :, :kd, :kh, :kw] if (d, h, w) != (kd, kh, kw) else x
         y = act(F.linear(patch.reshape(-1, c * kd * kh * kw), next(read), bias()))
@@ -237,12 +266,14 @@ def conv3d_as_conv2d(
     if form == "temporal":
         front, back = geometry.padding[0]
         rows = geometry.input_shape[0] == 1 and not geometry.dynamic_batch
+        # one size to infer (-1): the frames when they are dynamic (the batch is static then), else the batch
+        n, d, do = (geometry.input_shape[0], -1, -1) if geometry.dynamic_depth else (-1, d, do)
         # rows: (1, C, D, H, W) -> (H, C, D, W); else (N, C, D, H, W) is (N, C, D, H*W) as it lies in memory
-        planes = x.permute(0, 3, 1, 2, 4).reshape(h, c, d, w) if rows else x.reshape(-1, c, d, h * w)
+        planes = x.permute(0, 3, 1, 2, 4).reshape(h, c, d, w) if rows else x.reshape(n, c, d, h * w)
         if front != back:  # conv2d pads both sides alike; an uneven "same" padding is an explicit pad
             planes, front = F.pad(planes, (0, 0, front, back)), 0
         y = act(F.conv2d(planes, next(read), bias(), (sd, 1), (front, 0), (dd, 1), groups))
-        return y.reshape(1, ho, out_c, do, wo).permute(0, 2, 3, 1, 4) if rows else y.reshape(-1, out_c, do, ho, wo)
+        return y.reshape(1, ho, out_c, do, wo).permute(0, 2, 3, 1, 4) if rows else y.reshape(n, out_c, do, ho, wo)
     if form == "depth tiles":
         tiles = x if do * kd == d else x[:, :, : do * kd]
         folded = tiles.reshape(-1, c, do, kd, h, w).permute(0, 2, 1, 3, 4, 5).reshape(-1, c * kd, h, w)

@@ -18,11 +18,20 @@ then guards the folded batch below 16 (its backend choice), which narrows the pr
 Why it is exact: the sum a 3-D convolution makes for an output element is the same sum, over the same
 products, regrouped: the W taps are input channels of the conv2d (channel order (group, tap, channel),
 as the weight is laid out here), the (D, H) window its kernel.
+
+Two cheaper forms cover the common kernels, with no copy per tap: a kernel that convolves only the depth
+(a (k, 1, 1) kernel: the temporal half of R(2+1)D's and S3D's separable convs) is the ``temporal`` form
+of ``xnnguard.rewrite.conv3d.conv3d`` with the frames inferred, and a kernel of depth 1 (their spatial
+half) is **frames along height** (``frames_along_height``): each frame's rows are laid one after another,
+with zero rows between them, as the one plane of a conv2d (``(N, C, D*Hp, W)``), laid out so that every
+output row reads one frame only (``height_layout``). Both keep the batch a static size, so that no
+convolution's batch is the (dynamic) frames: see ``xnnguard.rules.conv_batch_range``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -31,7 +40,8 @@ import torch.nn.functional as F
 from xnnguard.rewrite.reduce.forms import reshape_to
 
 __all__ = [
-    "TapsAlong", "frames_as_rows", "rows_weight", "taps_along", "taps_tile_width", "transposed_frames_as_rows",
+    "HeightLayout", "TapsAlong", "frames_along_height", "frames_as_rows", "height_layout", "rows_weight",
+    "taps_along", "taps_tile_width", "transposed_frames_as_rows",
     "transposed_rows_weight", "width_overlap_add",
 ]
 
@@ -117,6 +127,73 @@ def frames_as_rows(
     y = F.conv2d(rows, weight, bias, (stride[0], stride[1]), (depth_pad, height_pad),
                  (dilation[0], dilation[1]), groups)
     return y.reshape(n, wo, y.shape[1], -1, y.shape[3]).permute(0, 2, 3, 4, 1)
+
+
+@dataclass(frozen=True)
+class HeightLayout:
+    """How ``frames_along_height`` lays each frame's rows into the conv2d's plane, and reads them back.
+
+    Each frame is ``top`` zero rows, its ``h`` rows and ``bottom`` zero rows (``rows`` in all); the conv2d
+    pads the plane with ``conv_padding`` rows on both ends. Output row ``c + j`` of a frame's
+    ``rows // stride`` is its row ``j`` (``skip`` = c), for ``j < out_rows``.
+    """
+
+    top: int
+    bottom: int
+    conv_padding: int
+    skip: int
+    rows: int
+    out_rows: int
+
+
+def height_layout(h: int, kernel: int, stride: int, dilation: int, top: int, bottom: int) -> HeightLayout | None:
+    """The layout that makes one conv2d over the frames' rows the per-frame 2-D convolution, or None.
+
+    The conv2d's output must be exactly ``rows // stride`` rows per frame, so that a reshape with the
+    frames inferred splits it: with ``q`` its own padding that holds when ``span - stride <= 2q <= span - 1``
+    (``span`` the dilated kernel), which no ``q`` meets for an even span at stride 1. The zero rows between
+    frames then serve as the bottom padding of one frame and the top padding of the next.
+    """
+    span = dilation * (kernel - 1) + 1
+    out_rows = (h + top + bottom - span) // stride + 1
+    q = max(0, -(-(span - stride) // 2))
+    if not span - stride <= 2 * q <= span - 1 or out_rows < 1:
+        return None
+    skip = -(-max(0, q - top) // stride)
+    above = skip * stride + top - q  # a frame's row 0 is read by the output row skip, as by the 3-D conv
+    below = max(bottom, top - above, 0)
+    while (above + h + below) % stride or (above + h + below) // stride < skip + out_rows:
+        below += 1
+    return HeightLayout(above, below, q, skip, above + h + below, out_rows)
+
+
+def frames_along_height(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    layout: HeightLayout,
+    stride: tuple[int, int],
+    width_padding: tuple[int, int],
+    dilation: tuple[int, int],
+    groups: int,
+    activation: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``activation(conv3d(x))`` for a kernel of depth 1 (stride 1, no depth padding) of ``x`` (N, C, D, H, W),
+    N static, D dynamic; ``weight`` is the 3-D weight's only depth tap (O, C/g, kh, kw)."""
+    n, c = x.shape[:2]
+    left, right = width_padding
+    pads = (0, 0) if left == right else (left, right)
+    if any(pads) or layout.top or layout.bottom:
+        x = F.pad(x, (*pads, layout.top, layout.bottom))
+    plane = x.reshape(n, c, -1, x.shape[4])  # (N, C, D*rows, W): D*rows the one unknown
+    y = F.conv2d(plane, weight, bias, stride, (layout.conv_padding, left if left == right else 0), dilation, groups)
+    if activation is not None:
+        y = activation(y)  # right after the conv, where quantization fuses it
+    per_frame = layout.rows // stride[0]
+    y = y.reshape(n, y.shape[1], -1, per_frame, y.shape[3])
+    if (layout.skip, layout.out_rows) != (0, per_frame):
+        y = y[:, :, :, layout.skip : layout.skip + layout.out_rows]
+    return y
 
 
 def transposed_rows_weight(weight: torch.Tensor) -> torch.Tensor:
