@@ -39,6 +39,7 @@ __all__ = [
     "dynamic_batch",
     "dynamic_frames",
     "failure_lines",
+    "frames_example",
     "longer_clip",
     "lower_network",
     "matches",
@@ -192,7 +193,7 @@ def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: R
     dynamic_shapes = getattr(model, "export_dynamic_shapes", None)  # a network exported with dynamic dims
     export_inputs = inputs
     if result.batch == "frames":
-        dynamic_shapes = dynamic_frames(inputs)
+        dynamic_shapes, export_inputs = dynamic_frames(inputs), frames_example(model, inputs)
     if result.batch == "dynamic" and dynamic_shapes is None:
         # a network without a batch dim says what varies instead (Qwen2-VL's tower: the patch count)
         dynamic_shapes = getattr(model, "dynamic_batch_shapes", None)
@@ -241,6 +242,18 @@ def dynamic_frames(inputs: tuple[torch.Tensor, ...]) -> tuple[dict[int, Any] | N
         raise ValueError(f"the network's input is {inputs[0].dim()}-D, not a clip (N, C, T, H, W)")
     frames = torch.export.Dim.DYNAMIC(min=2, max=2 * inputs[0].shape[2])  # type: ignore[attr-defined]
     return ({2: frames}, *(None for _ in inputs[1:]))
+
+
+def frames_example(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The inputs export traces a dynamic frame count at: the network's own, or the longer clip it asks for
+    (``dynamic_frames_example``, seeded): a layer that sees one frame at the example is left as it was, since
+    tracing it there would bake that 1 in (S3D after its temporal strides)."""
+    frames = getattr(model, "dynamic_frames_example", None)
+    if frames is None:
+        return inputs
+    generator = torch.Generator().manual_seed(0)
+    clip = torch.randn(*inputs[0].shape[:2], frames, *inputs[0].shape[3:], generator=generator)
+    return (clip.to(inputs[0].dtype), *inputs[1:])
 
 
 def longer_clip(ep: Any, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:

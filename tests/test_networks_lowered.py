@@ -58,10 +58,11 @@ def test_a_network_runs_on_at_most_three_delegates_with_no_compute_outside_and_m
 # Dynamic frames (issue 33, `testbed.network_flow.dynamic_frames`: 2 to twice the example's), run at the example's
 # frames and at twice as many: the 3-D UNet (ConvTranspose3d, InstanceNorm3d) and the video VAE (causal convs,
 # RMS norms, frame folds) in static and dynamic int8, and the Wan decoder (whole slices, stacks over the frames)
-# in float. Each takes 40-90 s of ExecuTorch lowering: the slow tier.
+# in float, and S3D in float, traced at a clip that leaves its last stage two frames. Each takes 20-90 s of
+# ExecuTorch lowering: the slow tier.
 FRAMES_PROGRAMS = [pytest.param(name, precision, id=f"{name}-{precision}", marks=pytest.mark.slow)
                    for name, precision in (("unet3d", "static"), ("unet3d", "dynamic"), ("video_vae", "static"),
-                                           ("video_vae", "dynamic"), ("wan_vae", "float"))]
+                                           ("video_vae", "dynamic"), ("wan_vae", "float"), ("s3d", "float"))]
 
 
 @pytest.mark.parametrize("name, precision", FRAMES_PROGRAMS)

@@ -164,6 +164,9 @@ def build(size: str = "bench") -> Built:
     cfg = pick(size, CONFIGS)
 
     def make() -> Built:
-        return reinit_norms(S3D(cfg)), (torch.randn(1, 3, cfg.frames, cfg.resolution, cfg.resolution),)
+        model = reinit_norms(S3D(cfg))
+        # exported with a dynamic frame count, traced at a clip that leaves its last stage two frames or more
+        model.dynamic_frames_example = cfg.frames * (1 if _final_volume(cfg.frames, cfg.resolution)[0] > 1 else 2)
+        return model, (torch.randn(1, 3, cfg.frames, cfg.resolution, cfg.resolution),)
 
     return seeded(1, make)
