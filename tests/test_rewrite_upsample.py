@@ -257,3 +257,20 @@ def test_a_bilinear_upsampling_under_a_dynamic_batch_is_in_the_one_delegate_at_e
     run = lower_and_run(BilinearDecoder().eval(), (torch.randn(2, 3, 4, 5),), dynamic_batch=(1, 3))
     assert run.lowered.num_delegates == 1 and run.lowered.outside_ops() == {}, run.lowered.outside_ops()
     run.assert_matches()
+
+
+def test_a_3d_nearest_upsampling_over_a_dynamic_height_and_width_is_left_with_a_warning_that_executorch_cannot_lower_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """to_edge decomposes it with sym_float and its verifier fails with a bare AssertionError (stock too): the
+    warning names the op and says to export with static height and width."""
+    from executorch.exir import to_edge
+
+    model = torch.nn.Upsample(scale_factor=2.0, mode="nearest").eval()
+    side = Dim.DYNAMIC(min=2, max=12)  # type: ignore[attr-defined]
+    exported = torch.export.export(model, (torch.randn(1, 3, 4, 6, 6),), dynamic_shapes=({3: side, 4: side},))
+    with caplog.at_level("WARNING", logger="xnnguard"):
+        rewritten = rewrite_for_xnnpack(exported)
+    assert any("upsample_nearest3d" in r.message and "static height and width" in r.message for r in caplog.records)
+    with pytest.raises(AssertionError):
+        to_edge(rewritten)

@@ -53,6 +53,11 @@ class NodeRewritePass(PassBase):
     def picks(self, node: torch.fx.Node) -> bool:
         raise NotImplementedError
 
+    def left_node_fails(self, node: torch.fx.Node) -> str | None:
+        """What fails in ExecuTorch 1.5.1 when ``node`` is left as it was (``left_op_fails`` for every node of
+        the pass; a pass whose left nodes fail only in some cases says which)."""
+        return self.left_op_fails
+
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         """Replace ``node`` in ``graph_module``; return None when done, else why it was left as it was."""
         raise NotImplementedError
@@ -107,8 +112,9 @@ class NodeRewritePass(PassBase):
                 if self.tags_what_it_leaves:
                     tag(node, record.reason, record.rule)
                 report.append(record)
-                if self.left_op_fails is not None:
-                    logger.warning("xnnguard: %s; %s", record, self.left_op_fails)
+                fails = self.left_node_fails(node)
+                if fails is not None:
+                    logger.warning("xnnguard: %s; %s", record, fails)
                 else:
                     logger.info("%s", record)
         if rewritten:

@@ -131,6 +131,19 @@ class NearestUpsamplePass(NodeRewritePass):
     def picks(self, node: torch.fx.Node) -> bool:
         return node.op == "call_function" and node.target in NEAREST_UPSAMPLES and not tag_of(node)
 
+    def left_node_fails(self, node: torch.fx.Node) -> str | None:
+        """A 3-D one left over a dynamic height or width: to_edge decomposes it (there is no core ATen
+        upsample_nearest3d) into size arithmetic with ``sym_float``, which its verifier refuses with a bare
+        ``AssertionError``; stock ExecuTorch fails the same way."""
+        value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or value.dim() != 5:
+            return None
+        if all(isinstance(size, int) for size in value.shape[3:]):
+            return None
+        return ("ExecuTorch 1.5.1's to_edge cannot lower a 3-D nearest upsampling over a dynamic height or width "
+                "(its verifier fails with a bare AssertionError on the decomposition's sym_float): export with "
+                "static height and width")
+
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         x = node.args[0]
         before, after = tensor_value(x), tensor_value(node)
