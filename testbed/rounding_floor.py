@@ -25,17 +25,11 @@ SMALL_FRACTION = 0.03  # the same for a small program (one_step_errors), at leas
 SEEDS = 5
 
 
-def _moved_by_one_step(q: torch.Tensor, fraction: float) -> torch.Tensor:
-    info = torch.iinfo(q.dtype)
+def _moved_by_one_step(q: torch.Tensor, fraction: float, at_least_one: bool = False) -> torch.Tensor:
+    """``fraction`` of ``q``'s elements (``at_least_one``: and one more, picked at random) moved by one step."""
     moved = torch.rand(q.shape) < fraction
-    sign = torch.where(torch.rand(q.shape) < 0.5, -1, 1)
-    return (q.to(torch.int32) + moved * sign).clamp(info.min, info.max).to(q.dtype)
-
-
-def _some_moved_by_one_step(q: torch.Tensor, fraction: float) -> torch.Tensor:
-    """``fraction`` of ``q``'s elements, and at least one, moved by one step."""
-    moved = torch.rand(q.shape) < fraction
-    moved.view(-1)[int(torch.randint(q.numel(), ()))] = True
+    if at_least_one:
+        moved.view(-1)[int(torch.randint(q.numel(), ()))] = True
     sign = torch.where(torch.rand(q.shape) < 0.5, -1, 1)
     info = torch.iinfo(q.dtype)
     return (q.to(torch.int32) + moved * sign).clamp(info.min, info.max).to(q.dtype)
@@ -64,7 +58,7 @@ def one_step_errors(converted: torch.fx.GraphModule, inputs: tuple[torch.Tensor,
     pt2e, 0.07 % of a linear's outputs; what follows may amplify a step (a norm over nearly equal values
     divides it by their spread; fuzz seeds 390, 453).
     """
-    model = _with_moves(converted, _some_moved_by_one_step, fraction)
+    model = _with_moves(converted, _moved_by_one_step, fraction, True)
     if model is None:
         return []
     with torch.no_grad(), torch.random.fork_rng():
