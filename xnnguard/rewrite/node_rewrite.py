@@ -33,7 +33,7 @@ from xnnguard.rewrite.attributes import drop_unused_attributes
 from xnnguard.rewrite.provenance import RewriteStamp, stamp
 from xnnguard.rules.tagged import tag
 
-__all__ = ["NodeRewritePass"]
+__all__ = ["IdentityPass", "NodeRewritePass"]
 
 logger = logging.getLogger("xnnguard.rewrite")
 
@@ -134,3 +134,15 @@ class NodeRewritePass(PassBase):
         ]
         if unhandled:
             raise PostconditionError(name, f"to replace every {self.subject} it picks or to report it", unhandled)
+
+
+class IdentityPass(NodeRewritePass):
+    """Replaces each node it picks by its first argument: for ops that compute their input's values
+    (a ``detach``, a slice that keeps the whole dim)."""
+
+    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
+        source = node.args[0]
+        assert isinstance(source, torch.fx.Node)
+        node.replace_all_uses_with(source)
+        graph_module.graph.erase_node(node)
+        return None

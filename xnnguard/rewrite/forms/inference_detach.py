@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rewrite.node_rewrite import IdentityPass
 
 __all__ = ["InferenceDetachPass"]
 
@@ -36,7 +36,7 @@ def _must_stay(node: torch.fx.Node) -> bool:
     return isinstance(source, torch.fx.Node) and (source.op == "placeholder" or _output_node(source) is not None)
 
 
-class InferenceDetachPass(NodeRewritePass):
+class InferenceDetachPass(IdentityPass):
     """Redirects the users of each ``detach(x)`` / ``alias(x)`` to ``x`` (where that aliases no output)."""
 
     subject = "detach"
@@ -48,10 +48,3 @@ class InferenceDetachPass(NodeRewritePass):
             and isinstance(node.args[0], torch.fx.Node)
             and not _must_stay(node)
         )
-
-    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
-        source = node.args[0]
-        assert isinstance(source, torch.fx.Node)
-        node.replace_all_uses_with(source)
-        graph_module.graph.erase_node(node)
-        return None

@@ -20,7 +20,7 @@ import torch
 
 from xnnguard.graph.ops import is_op
 from xnnguard.graph.shapes import same_size, tensor_value
-from xnnguard.rewrite.node_rewrite import NodeRewritePass
+from xnnguard.rewrite.node_rewrite import IdentityPass
 
 __all__ = ["WholeSlicePass", "is_whole_slice"]
 
@@ -44,17 +44,10 @@ def is_whole_slice(node: torch.fx.Node) -> bool:
     return not any(user.op == "output" for user in node.users)
 
 
-class WholeSlicePass(NodeRewritePass):
+class WholeSlicePass(IdentityPass):
     """Replaces ``slice(x, d, 0, INT64_MAX)`` (any slice that keeps all of ``x``) by ``x``."""
 
     subject = "slice that keeps its whole input"
 
     def picks(self, node: torch.fx.Node) -> bool:
         return is_whole_slice(node)
-
-    def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
-        source = node.args[0]
-        assert isinstance(source, torch.fx.Node)
-        node.replace_all_uses_with(source)
-        graph_module.graph.erase_node(node)
-        return None
