@@ -174,3 +174,22 @@ def test_rewritten_mixed_3d_cnn_is_still_exportable() -> None:
     assert not {"conv3d", "max_pool3d", "avg_pool3d", "batch_norm"} & ops(again)
     with torch.no_grad():
         torch.testing.assert_close(again.module()(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_3d_max_pooling_between_int8_convs_pools_int8_values() -> None:
+    """Each 2-D stage reads a dequantize and feeds a quantize of the same scale, as the stock quantizer has a
+    2-D max pooling: in S3D's static int8 program the 24 float poolings, their transposes and conversions
+    were a quarter of the forward."""
+    from testbed.quantize import quantize_pt2e, xnnguard_quantizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv3d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool3d(3, 2, 1),
+                                torch.nn.Conv3d(8, 8, 3, padding=1)).eval()
+    x = torch.randn(1, 3, 8, 12, 12)
+    converted = quantize_pt2e(rewritten(model, x), (x,), xnnguard_quantizer(dynamic=False))
+    stages = [node for node in converted.graph.nodes if node.target is torch.ops.aten.max_pool2d.default]
+    assert len(stages) == 2
+    for stage in stages:
+        (user,) = stage.users
+        assert "dequantize" in str(stage.args[0].target) and "quantize_per_tensor" in str(user.target)
+        assert stage.args[0].args[1:3] == user.args[1:3]  # scale and zero point: no requantization

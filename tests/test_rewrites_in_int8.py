@@ -18,6 +18,7 @@ from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
 import xnnguard
 from testbed.int8_reference import ConvertedPair, Int8, both_converted, int8_against_the_original
+from testbed.lowered import run_pte
 from tests.compat_marks import standalone_int8_batch_norm_fails_to_lower
 from tests.support import SeparableBlock
 from xnnguard.report import Rule
@@ -148,6 +149,11 @@ DYNAMIC_BATCH_CASES = (
     "Linear + LayerNorm + Linear",
     "Conv2d + GroupNorm + Conv2d",
 )
+# Families whose int8 form drops a requantization the original has: a 3-D max pooling's stages share their
+# input's quantization, as the stock quantizer has a 2-D max pooling's (the max of int8 values is one of
+# them), where the original requantizes the pooled output at a scale of its own. They round at fewer places
+# than the original, so they are held to the original's distance from float, not to its every rounding.
+DROPS_A_REQUANTIZATION = ("MaxPool3d",)
 # A rewrite whose pieces all stay float in both modes (the stock quantizer annotates no batch norm without a
 # conv right before it) adds no rounding in either: one mode is enough there. A batch norm left in the
 # original graph makes torchao's convert trace its QAT conv-bn patterns, about a minute a convert.
@@ -197,6 +203,12 @@ def test_the_int8_program_of_a_rewritten_op_is_within_two_steps_of_the_original_
     model, x, pair = converted_case(name, mode, dynamic)
     result = int8_against_the_original(model, x, mode, dynamic_batch=dynamic, pair=pair)
     assert result.lowered.outside_ops() == {} and result.lowered.num_delegates == 1, result.lowered.outside_ops()
+    if name in DROPS_A_REQUANTIZATION and mode == "static":  # dynamic int8 quantizes no pooling
+        with torch.no_grad():
+            expected, ideal = model(x), pair.ideal(x)
+        (out,) = run_pte(result.lowered.buffer, (x,))
+        assert (out - expected).abs().max() <= (ideal - expected).abs().max() + 1e-6
+        return
     assert result.steps <= 2, f"{result.steps:.2f} quantization steps from the original op quantized"
 
 
@@ -210,6 +222,9 @@ def test_a_rewritten_op_rounds_where_the_original_op_rounds_and_nowhere_else(
     Converted models only: nothing is lowered."""
     *_, pair = converted_case(name, "static", False)
     scales, ideal_scales = pair.scales()
+    if name in DROPS_A_REQUANTIZATION:
+        assert scales <= ideal_scales
+        return
     assert scales == ideal_scales
 
 

@@ -66,6 +66,11 @@ class NodeRewritePass(PassBase):
         """True when the graph has a node this pass picks (a caller may skip the pass otherwise)."""
         return any(self.picks(node) for node in graph_module.graph.nodes)
 
+    def stays_float(self, node: torch.fx.Node) -> bool:
+        """True when the pieces of ``node``'s form stay float in int8 (``pieces_stay_float`` for every node
+        of the pass; a pass whose forms differ by node says which)."""
+        return self.pieces_stay_float
+
     def shares_input_quantization(self, node: torch.fx.Node) -> bool:
         """True when quantization lets ``node``'s output share its input's (a share op such as a mean)."""
         return False
@@ -99,7 +104,7 @@ class NodeRewritePass(PassBase):
                 mark = RewriteStamp(
                     node.name,
                     target_name(node),
-                    self.pieces_stay_float,
+                    self.stays_float(node),
                     self.quantization_note(node),
                     self.shares_input_quantization(node),
                 )

@@ -312,6 +312,13 @@ class RewritePool3dPass(NodeRewritePass):
     def picks(self, node: torch.fx.Node) -> bool:
         return pool3d(node) is not None
 
+    def stays_float(self, node: torch.fx.Node) -> bool:
+        """A max pooling's stages are quantized (as the stock quantizer shares a 2-D max pooling's input
+        quantization): the max of int8 values is one of them, so int8 stages round nowhere, where the float
+        original requantizes its output. An average's stages stay float: their means would round."""
+        pool = pool3d(node)
+        return not (isinstance(pool, Pool3d) and pool.kind == "max")
+
     def rewrite(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         clip = global_average_of_a_clip(node)
         if clip is not None:
