@@ -147,14 +147,34 @@ def test_an_in_place_op_writing_through_a_view_others_read_stays_where_it_is() -
         torch.testing.assert_close(out, reference, atol=0, rtol=0)
 
 
-def test_an_op_whose_operands_move_differently_stays_where_it_is() -> None:
+def test_an_op_whose_operands_no_one_move_reconciles_stays_where_it_is() -> None:
     class Different(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return (x * 2).permute(1, 0, 2) + (x * 3).permute(1, 0, 2).reshape(4, 3, 2)
+            return (x * 2).permute(1, 0, 2) + (x * 3).reshape(4, 3, 2)  # a permute of a reshape is no one move
 
     graph_module = torch.export.export(Different(), (torch.randn(3, 4, 2),)).module()
     result = SinkElementwiseThroughMovesPass()(graph_module)
     assert result is not None and not result.modified
+
+
+def test_an_op_whose_operands_move_differently_runs_where_the_first_ones_source_is() -> None:
+    """The other operand reaches that layout in one permute: its own chain of two moves goes."""
+
+    class Different(nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            a = (x * 2).reshape(1, 4, 3, 5).permute(0, 2, 3, 1)  # (4, 3, 5) -> (1, 3, 5, 4)
+            b = (y * 3).reshape(1, 5, 3, 4).permute(0, 2, 1, 3)  # (5, 3, 4) -> (1, 3, 5, 4)
+            return a + b
+
+    x, y = torch.randn(4, 3, 5), torch.randn(5, 3, 4)
+    graph_module = torch.export.export(Different(), (x, y)).module()
+    result = SinkElementwiseThroughMovesPass()(graph_module)
+    assert result is not None and result.modified
+    (add,) = [n for n in result.graph_module.graph.nodes if n.target is torch.ops.aten.add.Tensor]
+    first, second = add.args
+    assert first.target is torch.ops.aten.mul.Tensor  # the first operand's source, as it is
+    assert second.target is torch.ops.aten.permute.default and second.args[0].target is torch.ops.aten.mul.Tensor
+    torch.testing.assert_close(result.graph_module(x, y), Different()(x, y), atol=0, rtol=0)
 
 
 def test_a_relu_after_a_permute_runs_before_it() -> None:
@@ -262,9 +282,43 @@ def test_a_cat_of_permuted_inputs_concatenates_their_sources_along_the_matching_
     torch.testing.assert_close(result.graph_module(x, y), Permuted()(x, y), atol=0, rtol=0)
 
 
+class DownsamplingBlock(nn.Module):
+    """R(2+1)D's first block of a stage: strided separable convs, a strided 1x1x1 conv on the skip, added."""
+
+    def __init__(self, c_in: int = 8, c_out: int = 16) -> None:
+        super().__init__()
+        self.stem = SeparableBlock(c_in)
+        self.body = nn.Sequential(
+            nn.Conv3d(c_in, c_out, (1, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1)),
+            nn.ReLU(inplace=True),
+            nn.Conv3d(c_out, c_out, (3, 1, 1), stride=(2, 1, 1), padding=(1, 0, 0)),
+        )
+        self.shortcut = nn.Conv3d(c_in, c_out, 1, stride=2)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        out = self.body(x)
+        out += self.shortcut(x)
+        return self.relu(out)
+
+
+def test_a_downsampling_residual_add_runs_where_its_temporal_conv_runs() -> None:
+    """The skip's conv (frames in the batch) reaches the rows layout in one permute; before, both
+    operands went back to (N, C, D, H, W) and the sum forth again."""
+    model, x = DownsamplingBlock().eval(), torch.randn(1, 3, 4, 8, 8)
+    ep = XnnpackRewriter(strict=True)(torch.export.export(model, (x,)))
+    *_, add = [n for n in ep.graph_module.graph.nodes if n.target is torch.ops.aten.add.Tensor]
+    body, skip = add.args
+    assert _through_layout_ops(body) == []
+    assert _through_layout_ops(skip) == [torch.ops.aten.permute.default]
+    torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
 CASES = {  # name: (model, input shape)
     "two frame-wise convs": (_frame_wise_pair, (1, 4, 3, 8, 8)),
     "separable residual block": (SeparableBlock, (1, 3, 4, 8, 8)),
+    "downsampling residual block": (DownsamplingBlock, (1, 3, 4, 8, 8)),
     "inception block": (InceptionBlock, (1, 3, 4, 8, 8)),
 }
 

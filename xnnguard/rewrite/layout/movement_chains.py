@@ -26,7 +26,10 @@ from xnnguard.graph.shapes import static_shape
 from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.layout.base import LayoutPass
 
-__all__ = ["CollapseMovementChainsPass", "is_movement", "movement_chain"]
+__all__ = [
+    "CollapseMovementChainsPass", "element_indices", "freed_suffix", "is_movement", "movement_chain", "one_move",
+    "run_moves", "undo_moves",
+]
 
 _aten = torch.ops.aten
 _MOVEMENT = frozenset({_aten.reshape.default, _aten.view.default, _aten._unsafe_view.default, _aten.permute.default})
@@ -48,7 +51,7 @@ def movement_chain(end: torch.fx.Node) -> list[torch.fx.Node]:
     return chain[::-1]
 
 
-def _freed(chain: list[torch.fx.Node]) -> list[torch.fx.Node]:
+def freed_suffix(chain: list[torch.fx.Node]) -> list[torch.fx.Node]:
     """The nodes of ``chain`` nothing else reads: the ones replacing the chain frees (a suffix)."""
     freed: list[torch.fx.Node] = [chain[-1]]
     for node in reversed(chain[:-1]):
@@ -58,19 +61,9 @@ def _freed(chain: list[torch.fx.Node]) -> list[torch.fx.Node]:
     return freed
 
 
-def _run(chain: Sequence[torch.fx.Node], x: torch.Tensor) -> torch.Tensor:
-    for node in chain:
-        x = node.target(x, *node.args[1:], **node.kwargs)  # type: ignore[operator]
-    return x
-
-
-def _as_one_op(chain: list[torch.fx.Node]) -> tuple[object, list[int]] | None:
-    """``(aten.reshape, shape)`` or ``(aten.permute, dims)`` that computes what ``chain`` does, else None."""
-    shape = static_shape(chain[0].args[0])
-    if shape is None or torch.Size(shape).numel() >= 2**31:
-        return None
-    indices = torch.arange(torch.Size(shape).numel(), dtype=torch.int32).reshape(shape)  # half of int64's memory
-    moved = _run(chain, indices)
+def one_move(indices: torch.Tensor, moved: torch.Tensor) -> tuple[object, list[int]] | None:
+    """``(aten.reshape, shape)`` or ``(aten.permute, dims)`` that takes ``indices`` (a contiguous tensor of
+    element indices) to ``moved`` (the same elements placed by some moves), else None."""
     if torch.equal(moved.reshape(-1), indices.reshape(-1)):
         return _aten.reshape.default, list(moved.shape)
     if moved.dim() != indices.dim():
@@ -93,6 +86,39 @@ def _as_one_op(chain: list[torch.fx.Node]) -> tuple[object, list[int]] | None:
     return (_aten.permute.default, dims) if torch.equal(indices.permute(dims), moved) else None
 
 
+def element_indices(shape: Sequence[int]) -> torch.Tensor | None:
+    """A contiguous tensor of ``shape`` holding each element's index, to follow moves on; None if too big."""
+    if torch.Size(shape).numel() >= 2**31:
+        return None
+    return torch.arange(torch.Size(shape).numel(), dtype=torch.int32).reshape(tuple(shape))  # half of int64's memory
+
+
+def run_moves(chain: Sequence[torch.fx.Node], x: torch.Tensor) -> torch.Tensor:
+    """What ``chain`` computes on ``x``."""
+    for node in chain:
+        x = node.target(x, *node.args[1:], **node.kwargs)  # type: ignore[operator]
+    return x
+
+
+def undo_moves(chain: Sequence[torch.fx.Node], x: torch.Tensor) -> torch.Tensor:
+    """The tensor ``chain`` takes to ``x``: each move undone, last first (moves only place elements)."""
+    for node in reversed(chain):
+        if node.target is _aten.permute.default:
+            x = x.permute([int(d) for d in torch.argsort(torch.tensor(node.args[1]))])
+        else:
+            shape = static_shape(node.args[0])
+            assert shape is not None
+            x = x.reshape(shape)
+    return x
+
+
+def _as_one_op(chain: list[torch.fx.Node]) -> tuple[object, list[int]] | None:
+    """``(aten.reshape, shape)`` or ``(aten.permute, dims)`` that computes what ``chain`` does, else None."""
+    shape = static_shape(chain[0].args[0])
+    indices = element_indices(shape) if shape is not None else None
+    return one_move(indices, run_moves(chain, indices)) if indices is not None else None
+
+
 def _collapsible(end: torch.fx.Node) -> tuple[list[torch.fx.Node], object, list[int]] | None:
     """The maximal chain ending at ``end`` and the one op that replaces it, when there is one, else None."""
     if not is_movement(end):
@@ -105,7 +131,7 @@ def _collapsible(end: torch.fx.Node) -> tuple[list[torch.fx.Node], object, list[
     one = _as_one_op(chain)
     if one is None:
         return None
-    freed = _freed(chain)
+    freed = freed_suffix(chain)
     # worth it when it frees a permute, or when it frees more than it adds (a reshape for reshapes)
     if any(node.target is _aten.permute.default for node in freed):
         return (chain, *one)
