@@ -21,6 +21,12 @@ calls and ms of one forward and their share of it (``--events N``: also the N sl
   are printed (``Interpreter._get_ops_details``, LiteRT's own private call, used here only: this is
   benchmark code, not xnnguard's).
 
+For an int8 program of xnnguard's, the profile also says what of it runs in float (``float_share``):
+each op type counts as float when XNNPACK names it with a float datatype (``F32``; ``X32`` for data
+movement), as int8 when with an int8 one, and otherwise (``Add (ND)``) in the proportion of the program's
+XNNPACK nodes of that kind that write an fp32 value; ``Convert`` operators (a quantize or dequantize at
+the edge of a float region) count apart, as conversions.
+
 The forward's time is the median of the runs with the profiler on, which costs a little.
 """
 
@@ -59,6 +65,59 @@ def by_type(events: list[tuple[str, float]]) -> dict[str, tuple[int, float]]:
         entry[0] += 1
         entry[1] += ms
     return {name: (int(calls), ms) for name, (calls, ms) in totals.items()}
+
+
+# XNNPACK operator types whose names carry no datatype, and the serialized node kind each one runs
+_UNTYPED_OPS = {
+    "Add (ND)": "XNNAdd", "Multiply (ND)": "XNNMultiply", "Subtract (ND)": "XNNSubtract", "Divide (ND)": "XNNDiv",
+    "Maximum (ND)": "XNNMaximum", "Minimum (ND)": "XNNMinimum", "Square (NC)": "XNNSquare",
+    "Square Root (NC)": "XNNSquareRoot", "Reciprocal Square Root (NC)": "XNNReciprocalSquareRoot",
+    "Negate (NC)": "XNNNegate", "Cosine (NC)": "XNNCos", "Sine (NC)": "XNNSin", "Clamp (NC)": "XNNClamp",
+    "Leaky ReLU (NC)": "XNNLeakyReLU", "Invalid Unary Op": "XNNGelu",  # 1.5.1's XNNPACK names GELU so
+}
+_FLOAT_TAGS = ("F32", "X32", "F16", "X16")
+_INT8_TAGS = ("QS8", "QC8", "QU8", "QD8", "S8", "U8", "X8")
+
+
+def node_precisions(pte: str) -> dict[str, dict[str, int]]:
+    """Per XNNPACK node kind of the program's delegates, how many write an fp32 value and how many another."""
+    from xnnguard.runtime_check.pte_reader import read_methods
+    from xnnguard.runtime_check.xnnpack_blob import read_xnnpack_blob
+
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: {"float": 0, "other": 0})
+    for method in read_methods(Path(pte).read_bytes(), pte):
+        for delegate in method.delegates:
+            if delegate.backend != "XnnpackBackend":
+                continue
+            graph = read_xnnpack_blob(delegate.blob)
+            values = graph.value_map()
+            for node in graph.nodes:
+                kind = "float" if values[node.outputs[0]].datatype == "fp32" else "other"
+                counts[node.op][kind] += 1
+    return dict(counts)
+
+
+def float_share(ops: dict[str, tuple[int, float]], precisions: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """What of an int8 program's time is float: {"float_ms", "conversions_ms", "float_ops": {type: ms}}."""
+    float_ops: dict[str, float] = {}
+    conversions = 0.0
+    for name, (_, ms) in ops.items():
+        tags = set(re.findall(r"[A-Z0-9]+", name))
+        if name.startswith("Convert"):
+            conversions += ms
+            continue
+        if tags & set(_FLOAT_TAGS):
+            share = 1.0
+        elif tags & set(_INT8_TAGS):
+            share = 0.0
+        else:
+            counts = precisions.get(_UNTYPED_OPS.get(name, ""), {"float": 0, "other": 0})
+            total = counts["float"] + counts["other"]
+            share = counts["float"] / total if total else 0.0
+        if share and ms:
+            float_ops[name] = ms * share
+    return {"float_ms": sum(float_ops.values()), "conversions_ms": conversions,
+            "float_ops": dict(sorted(float_ops.items(), key=lambda item: -item[1]))}
 
 
 def slowest(events: list[tuple[str, float]], count: int = 40) -> list[tuple[str, float]]:
@@ -210,7 +269,10 @@ def main(argv: list[str]) -> int:
     if args.worker:
         profile = {"xnnguard": profile_xnnguard, "xnnguard-int8": profile_xnnguard, "ort": profile_ort,
                    "ort-int8": profile_ort, "litert": profile_litert}[args.runtime]
-        print(json.dumps(profile(args.artifact, _inputs(args.name, args.size), args.runs, args.threads)))
+        found = profile(args.artifact, _inputs(args.name, args.size), args.runs, args.threads)
+        if args.runtime == "xnnguard-int8":
+            found["float_share"] = float_share(found["ops"], node_precisions(args.artifact))
+        print(json.dumps(found))
         return 0
     from benchmarks.bench_peers import convert, litert_python, python_for
     from benchmarks.timing import run_in_fresh_process
@@ -238,6 +300,11 @@ def main(argv: list[str]) -> int:
     print(f"{args.name} ({args.size}) on {args.runtime}, {args.threads} threads, {args.runs} runs"
           + (f"; {profile['note']}" if "note" in profile else ""))
     print(table(profile, args.top))
+    if profile.get("float_share") and profile.get("forward_ms"):
+        share, forward = profile["float_share"], profile["forward_ms"]
+        ops = ", ".join(f"{name} {ms:.3f}" for name, ms in list(share["float_ops"].items())[:8])
+        print(f"\nin float: {share['float_ms']:.3f} ms ({share['float_ms'] / forward:.0%}): {ops or 'nothing'}; "
+              f"conversions: {share['conversions_ms']:.3f} ms ({share['conversions_ms'] / forward:.0%})")
     if args.events and profile.get("events"):
         print(f"\nslowest {args.events} single ops (ms / forward):")
         for name, ms in profile["events"][:args.events]:

@@ -187,6 +187,30 @@ def test_an_xnnpack_event_counts_under_its_operator_type() -> None:
         "Add (ND)": (2, 0.75), "native_call_index.Tensor_out": (1, 1.0)}
 
 
+def test_an_int8_programs_op_type_named_with_a_float_datatype_counts_as_float() -> None:
+    from benchmarks.profile_ops import float_share
+
+    ops = {"Batch Matrix Multiply (NC, F32) GEMM": (8, 0.8), "Transpose (ND, X32)": (2, 0.1),
+           "Fully Connected (NC, QS8, QC8W) GEMM": (17, 2.8), "Transpose (ND, X8)": (13, 0.2)}
+    share = float_share(ops, {})
+    assert share["float_ops"] == {"Batch Matrix Multiply (NC, F32) GEMM": 0.8, "Transpose (ND, X32)": 0.1}
+    assert share["float_ms"] == pytest.approx(0.9)
+
+
+def test_an_op_type_named_without_a_datatype_is_float_as_often_as_its_nodes_write_float() -> None:
+    from benchmarks.profile_ops import float_share
+
+    share = float_share({"Add (ND)": (4, 0.4)}, {"XNNAdd": {"float": 1, "other": 3}})
+    assert share["float_ops"] == {"Add (ND)": pytest.approx(0.1)}
+
+
+def test_a_conversion_counts_apart_from_the_float_ops() -> None:
+    from benchmarks.profile_ops import float_share
+
+    share = float_share({"Convert (NC)": (42, 0.3)}, {"XNNConvert": {"float": 21, "other": 21}})
+    assert (share["float_ms"], share["conversions_ms"]) == (0.0, 0.3)
+
+
 def test_an_onnx_runtime_profile_counts_kernel_time_per_op_type_without_the_first_run() -> None:
     from benchmarks.profile_ops import ort_ops
 
