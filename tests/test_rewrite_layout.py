@@ -17,6 +17,7 @@ from tests.support import SeparableBlock
 from xnnguard.rewrite.layout.cat_sinking import SinkCatThroughMovesPass
 from xnnguard.rewrite.layout.elementwise_sinking import SinkElementwiseThroughMovesPass
 from xnnguard.rewrite.layout.movement_chains import CollapseMovementChainsPass
+from xnnguard.rewrite.layout.shared_moves import ShareMovesPass
 from xnnguard.rewrite.provenance import RewriteStamp, rewrite_stamp, stamp
 from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter, default_rewrites
 
@@ -177,6 +178,43 @@ def test_an_op_whose_operands_move_differently_runs_where_the_first_ones_source_
     torch.testing.assert_close(result.graph_module(x, y), Different()(x, y), atol=0, rtol=0)
 
 
+def test_two_identical_moves_of_one_tensor_are_one() -> None:
+    class Twice(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = x * 2
+            return y.permute(1, 0) + 1, y.permute(1, 0) * 3
+
+    x = torch.randn(3, 4)
+    graph_module = torch.export.export(Twice(), (x,)).module()
+    result = ShareMovesPass()(graph_module)
+    assert result is not None and result.modified
+    permutes = [n for n in result.graph_module.graph.nodes if n.target is torch.ops.aten.permute.default]
+    assert len(permutes) == 1 and len(permutes[0].users) == 2
+    for got, expected in zip(result.graph_module(x), Twice()(x), strict=True):
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+class PointwiseBranches(nn.Module):
+    """S3D's inception block begins so: 1x1x1 convs of the block's input, one per branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv3d(3, 8, (1, 3, 3), padding=(0, 1, 1))
+        self.branches = nn.ModuleList(nn.Conv3d(8, c, 1) for c in (4, 6, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        return torch.cat([branch(x) for branch in self.branches], 1)
+
+
+def test_the_pointwise_branches_of_an_inception_block_read_one_fold_of_its_input() -> None:
+    model, x = PointwiseBranches().eval(), torch.randn(1, 3, 4, 8, 8)
+    ep = XnnpackRewriter(strict=True)(torch.export.export(model, (x,)))
+    _, *branches = _conv_inputs(ep)
+    assert len(branches) == 3 and len(set(branches)) == 1
+    torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
 def test_a_relu_after_a_permute_runs_before_it() -> None:
     class Moved(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -320,6 +358,7 @@ CASES = {  # name: (model, input shape)
     "separable residual block": (SeparableBlock, (1, 3, 4, 8, 8)),
     "downsampling residual block": (DownsamplingBlock, (1, 3, 4, 8, 8)),
     "inception block": (InceptionBlock, (1, 3, 4, 8, 8)),
+    "pointwise branches": (PointwiseBranches, (1, 3, 4, 8, 8)),
 }
 
 

@@ -7,13 +7,28 @@ from torch.fx.passes.infra.pass_base import PassBase
 from xnnguard.rewrite.layout.cat_sinking import SinkCatThroughMovesPass
 from xnnguard.rewrite.layout.elementwise_sinking import SinkElementwiseThroughMovesPass
 from xnnguard.rewrite.layout.movement_chains import CollapseMovementChainsPass
+from xnnguard.rewrite.layout.shared_moves import ShareMovesPass
 
-__all__ = ["CollapseMovementChainsPass", "SinkCatThroughMovesPass", "SinkElementwiseThroughMovesPass", "passes"]
+__all__ = [
+    "CollapseMovementChainsPass",
+    "ShareMovesPass",
+    "SinkCatThroughMovesPass",
+    "SinkElementwiseThroughMovesPass",
+    "passes",
+]
 
 
 def passes() -> list[PassBase]:
     """The layout passes, in the order they run: last of all rewrites, over what the others left.
 
-    Elementwise ops and cats move first, so that the chains they leave meet the next op's and collapse.
+    Elementwise ops and cats move first, so that the chains they leave meet the next op's and collapse;
+    identical moves of one tensor are shared before and after the chains collapse (collapsing makes
+    chains of different lengths into the same one move).
     """
-    return [SinkElementwiseThroughMovesPass(), SinkCatThroughMovesPass(), CollapseMovementChainsPass()]
+    return [
+        ShareMovesPass(),
+        SinkElementwiseThroughMovesPass(),
+        SinkCatThroughMovesPass(),
+        CollapseMovementChainsPass(),
+        ShareMovesPass(),
+    ]
