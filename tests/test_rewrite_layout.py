@@ -353,12 +353,40 @@ def test_a_downsampling_residual_add_runs_where_its_temporal_conv_runs() -> None
     torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
 
 
+class PoolingBranch(nn.Module):
+    """S3D's pooling branch: a 3x3x3 max pooling of the block's input (left on rows by 1x1x1 convs), then a
+    1x1x1 conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv3d(3, 8, 1)
+        self.pool = nn.MaxPool3d(3, stride=1, padding=1)
+        self.head = nn.Conv3d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pool(self.stem(x)))
+
+
+def test_a_max_pooling_between_convs_on_rows_pools_on_their_rows() -> None:
+    """Over (D, W) on the rows the convs left, then over H one permute away, then one permute back to rows:
+    the frames-in-the-channels form reshaped in and out of NCHW around each of its stages."""
+    model, x = PoolingBranch().eval(), torch.randn(1, 3, 4, 8, 8)
+    ep = XnnpackRewriter(strict=True)(torch.export.export(model, (x,)))
+    first, second = [n for n in ep.graph_module.graph.nodes if n.target is torch.ops.aten.max_pool2d.default]
+    assert _through_layout_ops(first.args[0]) == [] and first.args[0].target is torch.ops.aten.conv2d.default
+    assert _through_layout_ops(second.args[0]) == [torch.ops.aten.permute.default]
+    _, head_input = _conv_inputs(ep)
+    assert _through_layout_ops(head_input) == [torch.ops.aten.permute.default]
+    torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
 CASES = {  # name: (model, input shape)
     "two frame-wise convs": (_frame_wise_pair, (1, 4, 3, 8, 8)),
     "separable residual block": (SeparableBlock, (1, 3, 4, 8, 8)),
     "downsampling residual block": (DownsamplingBlock, (1, 3, 4, 8, 8)),
     "inception block": (InceptionBlock, (1, 3, 4, 8, 8)),
     "pointwise branches": (PointwiseBranches, (1, 3, 4, 8, 8)),
+    "pooling branch": (PoolingBranch, (1, 3, 4, 8, 8)),
 }
 
 

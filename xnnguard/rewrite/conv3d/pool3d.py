@@ -66,6 +66,7 @@ class Pool3d:
     # frames of zeros padded in front of the dynamic depth and behind it, explicitly: an average that counts
     # its padding divides by the whole window everywhere, as over zeros (``padding[0]`` is then 0)
     zero_frames: int = 0
+    dynamic_batch: bool = False  # input_shape[0] then stands in (as 1) for a batch known only at run time
 
     @property
     def batched_shape(self) -> tuple[int, int, int, int, int]:
@@ -105,6 +106,14 @@ class Pool3d:
         if any(s > k for s, k in zip(self.stride, self.kernel)):
             return "a stride above the kernel with a dynamic depth (the windows kept would need a static count)"
         return None
+
+    @property
+    def in_rows(self) -> bool:
+        """Whether the max pooling runs on rows (``_max_on_rows``): one clip of static shape, pooled over
+        the frames and over the height (else the frames-in-the-channels form needs one stage less)."""
+        return (self.kind == "max" and not self.dynamic_depth and not self.dynamic_batch
+                and self.batched_shape[0] == 1 and self.dilation == (1, 1, 1)
+                and not self._stage_is_identity((0,)) and not self._stage_is_identity((1,)))
 
     def _stage_is_identity(self, dims: tuple[int, ...]) -> bool:
         return all(self.kernel[d] == 1 and self.stride[d] == 1 and self.padding[d] == 0 for d in dims)
@@ -146,7 +155,8 @@ def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
         return "its input has no shape information"
     sizes = list(meta.shape)
     dynamic_depth = len(sizes) == 5 and not isinstance(sizes[2], int)
-    if len(sizes) == 5 and not isinstance(sizes[0], int):  # a dynamic batch stays: every reshape says -1
+    dynamic_batch = len(sizes) == 5 and not isinstance(sizes[0], int)
+    if dynamic_batch:  # a dynamic batch stays: every reshape says -1
         if dynamic_depth:
             return (f"dynamic batch and depth {tuple(meta.shape)}: the 2-D stages would need both inferred in "
                     "one reshape, and XNNPACK infers one dim")
@@ -174,7 +184,7 @@ def pool3d(node: torch.fx.Node) -> Pool3d | str | None:
             return "its indices are used (2-D pooling cannot give 3-D indices)"
         return Pool3d(
             "max", shape, kernel, stride, padding, triple(kwargs.get("dilation", 1)), bool(kwargs.get("ceil_mode")),
-            dynamic_depth=dynamic_depth,
+            dynamic_depth=dynamic_depth, dynamic_batch=dynamic_batch,
         )
     count_include_pad = bool(kwargs.get("count_include_pad", True))
     divisor_override = kwargs.get("divisor_override")
@@ -241,6 +251,8 @@ def pool3d_as_2d(x: torch.Tensor, pool: Pool3d, correction: torch.Tensor | float
     """
     if pool.dynamic_depth:
         return _dynamic_depth_as_2d(x, pool, correction)
+    if pool.in_rows:
+        return _max_on_rows(x, pool)
     _, c, d, h, w = pool.batched_shape  # the batch stays as the graph has it: -1 in every reshape
     do, ho, wo = (pool.output_size(dim) for dim in range(3))
     y = x.reshape(-1, c * d, h, w)
@@ -253,6 +265,25 @@ def pool3d_as_2d(x: torch.Tensor, pool: Pool3d, correction: torch.Tensor | float
     if correction is None:
         return y
     return y * correction
+
+
+def _max_on_rows(x: torch.Tensor, pool: Pool3d) -> torch.Tensor:
+    """A max pooling of one clip on the rows layout of its temporal convs: over (D, W) with the rows H as the
+    batch, on (H, C, D, W), then over H with the frames as the batch, on (D, C, H, W).
+
+    The max separates in any order, so the values are the same. The point is the layout: S3D's pooling
+    branch reads an inception block's input, which its 1x1x1 convs left on rows, and feeds a 1x1x1 conv
+    that wants rows again. Here each stage is one 4-D permute from the last (``xnnguard.rewrite.layout``
+    collapses the folds at both ends), where the frames-in-the-channels form reshaped between NCHW and
+    NHWC around each stage: S3D's int8 delegate took 6 transposes per pooling branch.
+    """
+    _, c, d, h, w = pool.batched_shape
+    do, ho, wo = (pool.output_size(dim) for dim in range(3))
+    rows = x.reshape(1, c, d, h, w).permute(0, 3, 1, 2, 4).reshape(h, c, d, w)
+    y = _max_stage(rows, pool, (0, 2), (do, wo))  # (H, C, Do, Wo)
+    y = _max_stage(y.permute(2, 1, 0, 3), pool, (1, -1), (ho, wo))  # (Do, C, Ho, Wo)
+    y = y.permute(1, 0, 2, 3)  # (C, Do, Ho, Wo)
+    return y.reshape(1, c, do, ho, wo) if len(pool.input_shape) == 5 else y
 
 
 def _dynamic_depth_as_2d(x: torch.Tensor, pool: Pool3d, correction: torch.Tensor | float | None) -> torch.Tensor:
