@@ -75,8 +75,8 @@ _UNTYPED_OPS = {
     "Negate (NC)": "XNNNegate", "Cosine (NC)": "XNNCos", "Sine (NC)": "XNNSin", "Clamp (NC)": "XNNClamp",
     "Leaky ReLU (NC)": "XNNLeakyReLU", "Invalid Unary Op": "XNNGelu",  # 1.5.1's XNNPACK names GELU so
 }
-_FLOAT_TAGS = ("F32", "X32", "F16", "X16")
-_INT8_TAGS = ("QS8", "QC8", "QU8", "QD8", "S8", "U8", "X8")
+_FLOAT_TAGS = frozenset({"F32", "X32", "F16", "X16"})
+_INT8_TAGS = frozenset({"QS8", "QC8", "QU8", "QD8", "S8", "U8", "X8"})
 
 
 def node_precisions(pte: str) -> dict[str, dict[str, int]]:
@@ -106,9 +106,9 @@ def float_share(ops: dict[str, tuple[int, float]], precisions: dict[str, dict[st
         if name.startswith("Convert"):
             conversions += ms
             continue
-        if tags & set(_FLOAT_TAGS):
+        if tags & _FLOAT_TAGS:
             share = 1.0
-        elif tags & set(_INT8_TAGS):
+        elif tags & _INT8_TAGS:
             share = 0.0
         else:
             counts = precisions.get(_UNTYPED_OPS.get(name, ""), {"float": 0, "other": 0})
