@@ -44,6 +44,7 @@ __all__ = [
     "lower_network",
     "matches",
     "stage",
+    "verdict_tolerance",
 ]
 
 PRECISIONS = ("float", "fp16", "static", "dynamic")
@@ -73,7 +74,7 @@ class Result:
     reference_float_err: float | None = None  # int8 only: the converted model's own error against float
     float_mean_err: float | None = None  # int8 only: mean abs error against float, over float's max abs value
     reference_float_mean_err: float | None = None  # int8 only: the converted model's, the same way
-    rounding_floor: float | None = None  # int8 only: testbed.rounding_floor of the converted model
+    rounding_floor: float | None = None  # int8, measured only when the verdict needs it (verdict_tolerance)
     rewrite_report: list[str] = field(default_factory=list)
     kept_out: list[str] = field(default_factory=list)
     no_equivalent: list[str] = field(default_factory=list)  # ops of the kept-out nodes no XNNPACK node computes
@@ -184,8 +185,9 @@ def count_graph(edge: Any, result: Result) -> None:
 
 
 def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: Result,
-             stock: bool) -> tuple[Any, torch.Tensor]:
-    """Export, rewrite (xnnguard flow) and quantize (int8): the program to lower and its reference output.
+             stock: bool) -> tuple[Any, Callable[..., Any], Any]:
+    """Export, rewrite (xnnguard flow) and quantize (int8): the program to lower, its reference and the
+    converted pt2e model (None unless int8).
 
     The reference is eager for float and the converted pt2e model for int8: it isolates what lowering
     and the runtime change from what quantization itself changes.
@@ -209,11 +211,11 @@ def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: R
             ep = rewriter(ep)
         result.rewrite_report = [str(record) for record in rewriter.report]
     if result.precision == "float":
-        return ep, _no_grad(model)
+        return ep, _no_grad(model), None
     if result.precision == "fp16":
         from testbed.flow import half_reference
 
-        return ep, lambda *xs: half_reference(model, xs)
+        return ep, lambda *xs: half_reference(model, xs), None
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     quantizer = _quantizer(result.precision, stock)
@@ -221,10 +223,9 @@ def _prepare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], result: R
         prepared = prepare_pt2e(ep.module(), quantizer)
         prepared(*inputs)  # calibrate on the example input
         converted = convert_pt2e(prepared)
-        result.rounding_floor = rounding_floor(converted, inputs)
         ep = torch.export.export(converted, export_inputs, dynamic_shapes=dynamic_shapes)
     result.left_in_float = [str(record) for record in getattr(quantizer, "left_in_float", ())]
-    return ep, _no_grad(converted)
+    return ep, _no_grad(converted), converted
 
 
 def _no_grad(model: Any) -> Callable[..., Any]:
@@ -303,7 +304,7 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
             result.status, result.error = "n/a", "not a video network: its input has no frame dim"
             return result
         started = time.perf_counter()
-        ep, reference = _prepare(model, inputs, result, stock)
+        ep, reference, converted = _prepare(model, inputs, result, stock)
         expected = _first_tensor(reference(*inputs))
         longer = longer_clip(ep, inputs) if batch == "frames" else None
         partitioner = _partitioner(stock)
@@ -344,8 +345,7 @@ def lower_network(name: str, size: str, precision: str, stock: bool, pte_dir: Pa
             result.reference_float_err = relative_error(expected, eager)
             result.float_mean_err = mean_relative_error(got, eager)
             result.reference_float_mean_err = mean_relative_error(expected, eager)
-        # int8: an error below what one-step rounding differences cause is as close as rounding allows
-        tolerance = max(NETWORK_TOLERANCE[precision], result.rounding_floor or 0.0)
+        tolerance = verdict_tolerance(result, lambda: rounding_floor(converted, inputs))
         if not matches(result, tolerance):
             result.status = "mismatch"
             result.error = (f"output shape {tuple(got.shape)} vs {tuple(expected.shape)}" if result.max_err is None
@@ -372,6 +372,19 @@ def failure_lines(log: str) -> str:
     return "; ".join(line for line in lines if not line.startswith("[cpuinfo"))[-1500:]
 
 
+
+
+def verdict_tolerance(result: Result, floor: Callable[[], float | None]) -> float:
+    """The tolerance ``result`` is judged by: the network tolerance of its precision, or in int8 the
+    rounding floor when that is larger (an error below what one-step rounding differences cause is as
+    close as rounding allows). The floor (``floor()``, stored in ``result.rounding_floor``) is measured only
+    when the result does not already match without it: it costs five forwards of the converted model,
+    minutes at full size (the Wan VAE decoder's)."""
+    tolerance = NETWORK_TOLERANCE[result.precision]
+    if result.precision not in ("static", "dynamic") or matches(result, tolerance):
+        return tolerance
+    result.rounding_floor = floor()
+    return max(tolerance, result.rounding_floor or 0.0)
 
 
 def matches(result: Result, tolerance: float) -> bool:

@@ -74,6 +74,31 @@ def test_a_small_programs_one_step_floor_moves_at_least_one_element_of_every_act
     assert one_step_errors(converted, inputs, fraction=0.0)[0] > 0.0
 
 
+def test_an_int8_result_within_the_network_tolerance_is_judged_without_measuring_its_rounding_floor() -> None:
+    """The floor costs five forwards of the converted model (minutes at full size): measured only when needed."""
+    from testbed.network_flow import Result, verdict_tolerance
+
+    measured: list[bool] = []
+    result = Result("net", "test", "static", "xnnguard", max_err=0.01)
+    assert verdict_tolerance(result, lambda: measured.append(True) or 0.2) == 0.05
+    assert not measured and result.rounding_floor is None
+
+
+def test_an_int8_result_beyond_the_network_tolerance_is_judged_by_its_rounding_floor_when_larger() -> None:
+    from testbed.network_flow import Result, verdict_tolerance
+
+    result = Result("net", "test", "static", "xnnguard", max_err=0.1)
+    assert verdict_tolerance(result, lambda: 0.2) == 0.2 and result.rounding_floor == 0.2
+    assert verdict_tolerance(Result("net", "test", "static", "xnnguard", max_err=0.1), lambda: 0.01) == 0.05
+
+
+def test_a_float_result_is_judged_by_the_network_tolerance_alone() -> None:
+    from testbed.network_flow import Result, verdict_tolerance
+
+    result = Result("net", "test", "float", "xnnguard", max_err=0.1)
+    assert verdict_tolerance(result, lambda: 0.2) == 1e-3 and result.rounding_floor is None
+
+
 def test_xnnpacks_dynamically_quantized_conv_quantizes_each_image_of_the_batch_on_its_own() -> None:
     """Why ``network_report`` takes a dynamic int8 result no further from float than its reference.
 
