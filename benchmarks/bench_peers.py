@@ -8,7 +8,8 @@ one that fails is a table entry with its first error line. Then every runtime ta
 counted, the order rotated each round, ``OMP_WAIT_POLICY=PASSIVE``, raised malloc thresholds, the
 same thread count everywhere); a runtime's figure is the median of its turns. Beside the ms: each
 network's multiply-adds (``testbed.macs``), the GFLOP/s each runtime reaches, and the machine's
-measured peak (``benchmarks.peak_gemm``: one large fp32 and int8 GEMM through XNNPACK and torch).
+measured peak (``benchmarks.peak_gemm``: one large fp32 and int8 GEMM through XNNPACK, ONNX Runtime and
+torch).
 
 ``python -m benchmarks.bench_peers [NAME...] [--size bench|full|test] [--threads 2] [--rounds 3]
 [--runtime R]... [--json PATH] [--keep DIR [--reuse]] [--no-peak] [--render JSON]``; ``make bench`` runs it

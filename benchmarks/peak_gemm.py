@@ -9,8 +9,14 @@ rate one large matrix product reaches on the same threads. Four ways, each a sid
 * ``xnnpack-qs8``: the same ``Linear`` statically quantized by ``xnnguard.XNNPACKQuantizer``
   (per-channel): XNNPACK's qs8 GEMM, with the input's quantize and the output's dequantize (two passes
   over M x K and M x N elements, about 0.1 % of the multiply-adds' time);
+* ``ort-f32`` / ``ort-u8s8``: the same ``Linear`` converted for ONNX Runtime as ``bench_peers`` converts
+  networks (``benchmarks.peer_runtimes.export_ort``; int8: QDQ, u8 activations, s8 per-channel weights):
+  MLAS's f32 and int8 GEMMs, the kernels ONNX Runtime's figures in the peer table stand on;
 * ``torch-f32``: ``torch.mm`` (oneDNN / MKL);
 * ``torch-s8``: ``torch._int_mm`` (int8 in, int32 out).
+
+Where a network's int8 program runs at its kernel's peak, no lowering beats a runtime whose kernel peaks
+higher on this CPU: the xnnpack and ort sides side by side say by how much.
 
 An M x K by K x N product is ``2 M N K`` operations (a multiply-add is two).
 """
@@ -28,7 +34,8 @@ import torch
 
 M, K, N = 1024, 2048, 2048
 OPS = 2 * M * N * K
-SIDES = ("xnnpack-f32", "xnnpack-qs8", "torch-f32", "torch-s8")
+SIDES = ("xnnpack-f32", "xnnpack-qs8", "ort-f32", "ort-u8s8", "torch-f32", "torch-s8")
+CONVERTED = (("xnnpack-f32", False), ("xnnpack-qs8", True), ("ort-f32", False), ("ort-u8s8", True))
 
 
 class OneLinear(torch.nn.Module):
@@ -49,7 +56,14 @@ def _example() -> tuple[OneLinear, tuple[torch.Tensor]]:
 
 
 def lower(int8: bool, pte: Path) -> None:
-    """Write the one-linear program (float, or static int8) to ``pte``."""
+    """Write the one-linear program (float, or static int8) to ``pte``: a ``.pte``, or for ONNX Runtime an
+    ``.onnx`` (its int8 model is written beside it; its path is printed)."""
+    if pte.suffix == ".onnx":
+        from benchmarks.peer_runtimes import export_ort
+
+        model, example = _example()
+        print(json.dumps({"artifact": str(export_ort(model, example, pte, int8))}))
+        return
     from executorch.exir import to_edge_transform_and_lower
 
     import xnnguard
@@ -61,6 +75,7 @@ def lower(int8: bool, pte: Path) -> None:
         program = torch.export.export(quantize_pt2e(program, example, xnnguard_quantizer()), example)
     edge = to_edge_transform_and_lower(program, partitioner=[xnnguard.XnnpackPartitioner()])
     pte.write_bytes(edge.to_executorch().buffer)
+    print(json.dumps({"artifact": str(pte)}))
 
 
 def runner(side: str, pte: str | None, threads: int) -> Callable[[], object]:
@@ -73,6 +88,13 @@ def runner(side: str, pte: str | None, threads: int) -> Callable[[], object]:
         assert pte is not None
         module = load_module(pte)
         return lambda: module.forward((x,))
+    if side.startswith("ort"):
+        from benchmarks.peer_runtimes import ort_feeds, ort_session
+
+        assert pte is not None
+        session = ort_session(pte, threads)
+        feeds = ort_feeds(session, (x,))
+        return lambda: session.run(None, feeds)
     w = torch.randn(K, N)
     if side == "torch-f32":
         return lambda: torch.mm(x, w)
@@ -88,11 +110,12 @@ def measure(directory: Path, threads: int, rounds: int, turn_s: float) -> dict[s
 
     ptes: dict[str, Path] = {}
     results: dict[str, dict[str, object]] = {}
-    for side, int8 in (("xnnpack-f32", False), ("xnnpack-qs8", True)):
-        ptes[side] = directory / f"peak.{side}.pte"
+    for side, int8 in CONVERTED:
+        path = directory / f"peak.{side}.{'onnx' if side.startswith('ort') else 'pte'}"
         try:
-            run_in_fresh_process("benchmarks.peak_gemm", ["--lower", str(ptes[side]), *(["--int8"] if int8 else [])],
-                                 f"lowering the {side} GEMM", timeout=600)
+            made = run_in_fresh_process("benchmarks.peak_gemm", ["--lower", str(path), *(["--int8"] if int8 else [])],
+                                        f"converting the {side} GEMM", timeout=600)
+            ptes[side] = Path(made["artifact"])
         except RuntimeError as error:
             results[side] = {"error": str(error).splitlines()[0]}
     turns: dict[str, list[float]] = {side: [] for side in SIDES}
@@ -116,7 +139,7 @@ def main(argv: list[str]) -> int:
     from benchmarks.timing import turn_ms
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peak_gemm", description=__doc__.splitlines()[0])
-    parser.add_argument("--lower", type=Path, help="write the one-linear program here")
+    parser.add_argument("--lower", type=Path, help="write the one-linear program here (.pte, or .onnx)")
     parser.add_argument("--int8", action="store_true")
     parser.add_argument("--time", choices=SIDES, help="take one turn of this side")
     parser.add_argument("--pte")
@@ -126,7 +149,6 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.lower:
         lower(args.int8, args.lower)
-        print(json.dumps({"pte": str(args.lower)}))
     elif args.time:
         print(json.dumps(turn_ms(runner(args.time, args.pte, args.threads), args.turn_s)))
     else:

@@ -76,19 +76,22 @@ def convert_ort(name: str, size: str, out_dir: Path, int8: bool) -> dict[str, An
     import onnxruntime
 
     model, inputs = _network(name, size)
-    float_path = out_dir / f"{name}.{size}.onnx"
+    path = export_ort(model, inputs, out_dir / f"{name}.{size}.onnx", int8)
+    session = ort_session(str(path), threads=2)
+    got = _run_ort(session, inputs)
+    del onnxruntime
+    return {"artifact": str(path), "max_err": relative_error(got, _eager_output(model, inputs))}
+
+
+def export_ort(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], float_path: Path, int8: bool) -> Path:
+    """``model`` as ONNX Runtime's users convert it: exported to ``float_path`` (kept when it exists), and
+    for int8 quantized beside it; the path of the model to run."""
     if not float_path.exists():
         program = torch.onnx.export(model, inputs, dynamo=True, verbose=False)
         assert program is not None
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         program.save(str(float_path), external_data=weights > EXTERNAL_DATA_BYTES)
-    path = float_path
-    if int8:
-        path = _quantize_ort(float_path, inputs, model)
-    session = _ort_session(str(path), threads=2)
-    got = _run_ort(session, inputs)
-    del onnxruntime
-    return {"artifact": str(path), "max_err": relative_error(got, _eager_output(model, inputs))}
+    return _quantize_ort(float_path, inputs, model) if int8 else float_path
 
 
 def _quantize_ort(float_path: Path, inputs: tuple[torch.Tensor, ...], model: torch.nn.Module) -> Path:
@@ -123,7 +126,7 @@ def _ort_input_names(path: str) -> list[str]:
     return [value.name for value in model.graph.input if value.name not in initializers]
 
 
-def _ort_session(path: str, threads: int, profile_prefix: str | None = None) -> Any:
+def ort_session(path: str, threads: int, profile_prefix: str | None = None) -> Any:
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -137,12 +140,12 @@ def _ort_session(path: str, threads: int, profile_prefix: str | None = None) -> 
     return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def _ort_feeds(session: Any, inputs: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+def ort_feeds(session: Any, inputs: tuple[torch.Tensor, ...]) -> dict[str, Any]:
     return {meta.name: x.numpy() for meta, x in zip(session.get_inputs(), inputs)}
 
 
 def _run_ort(session: Any, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    return torch.from_numpy(session.run(None, _ort_feeds(session, inputs))[0])
+    return torch.from_numpy(session.run(None, ort_feeds(session, inputs))[0])
 
 
 def convert_litert(name: str, size: str, out_dir: Path) -> dict[str, Any]:
@@ -191,8 +194,8 @@ def runner(runtime: str, name: str, size: str, artifact: str | None, threads: in
         module = load_module(artifact)
         return lambda: module.forward(inputs)
     if runtime.startswith("ort"):
-        session = _ort_session(artifact, threads)
-        feeds = _ort_feeds(session, inputs)
+        session = ort_session(artifact, threads)
+        feeds = ort_feeds(session, inputs)
         return lambda: session.run(None, feeds)
     if runtime == "litert":
         interpreter = _litert_interpreter(artifact, threads)

@@ -169,11 +169,11 @@ def profile_xnnguard(pte: str, inputs: tuple[Any, ...], runs: int, threads: int)
 
 
 def profile_ort(path: str, inputs: tuple[Any, ...], runs: int, threads: int) -> dict[str, Any]:
-    from benchmarks.peer_runtimes import _ort_feeds, _ort_session
+    from benchmarks.peer_runtimes import ort_feeds, ort_session
 
     with tempfile.TemporaryDirectory(prefix="xnnguard-ortprof-") as tmp:
-        session = _ort_session(path, threads, profile_prefix=str(Path(tmp) / "ort"))
-        feeds = _ort_feeds(session, inputs)
+        session = ort_session(path, threads, profile_prefix=str(Path(tmp) / "ort"))
+        feeds = ort_feeds(session, inputs)
         for _ in range(runs):
             session.run(None, feeds)
         trace = json.loads(Path(session.end_profiling()).read_text())
