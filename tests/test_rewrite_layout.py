@@ -7,6 +7,9 @@ rows, one 4-D permute from the spatial convs' frames.
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 import torch
 from torch import nn
@@ -16,8 +19,9 @@ from testbed.quantize import PRECISIONS
 from tests.support import SeparableBlock
 from xnnguard.rewrite.layout.cat_sinking import SinkCatThroughMovesPass
 from xnnguard.rewrite.layout.elementwise_sinking import SinkElementwiseThroughMovesPass
-from xnnguard.rewrite.layout.movement_chains import CollapseMovementChainsPass
+from xnnguard.rewrite.layout.movement_chains import CollapseMovementChainsPass, reshape_permute_reshape
 from xnnguard.rewrite.layout.shared_moves import ShareMovesPass
+from xnnguard.rewrite.layout.transposes import TransposesAsPermutesPass
 from xnnguard.rewrite.provenance import RewriteStamp, rewrite_stamp, stamp
 from xnnguard.rewrite.rewrite_for_xnnpack import XnnpackRewriter, default_rewrites
 
@@ -100,6 +104,99 @@ def test_a_chain_that_moves_nothing_collapses_to_one_reshape() -> None:
     ops = [n.target for n in result.graph_module.graph.nodes if n.op == "call_function"]
     assert ops == [torch.ops.aten.reshape.default, torch.ops.aten.add.Tensor]
     torch.testing.assert_close(result.graph_module(x), RoundTrip()(x), atol=0, rtol=0)
+
+
+def _pooled_attention_fold(x: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+    """MViT's pooled attention: tokens (1, heads, T*H*W, C) to frames in the batch, channels first."""
+    channels_first = x.transpose(2, 3) if transpose else x.permute(0, 1, 3, 2)
+    return channels_first.reshape(4, 6, 3, 5, 5).permute(0, 2, 1, 3, 4).reshape(4, 3, 150)
+
+
+def test_a_chain_with_two_permutes_becomes_one_permute_between_two_reshapes() -> None:
+    class Fold(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return _pooled_attention_fold(x) + 1
+
+    x = torch.randn(1, 4, 75, 6)
+    graph_module = torch.export.export(Fold(), (x,)).module()
+    result = CollapseMovementChainsPass()(graph_module)
+    assert result is not None and result.modified
+    moves = [(n.target, n.args[1]) for n in result.graph_module.graph.nodes if n.target in _LAYOUT_OPS]
+    assert moves == [(torch.ops.aten.reshape.default, [12, 25, 6]), (torch.ops.aten.permute.default, [0, 2, 1]),
+                     (torch.ops.aten.reshape.default, [4, 3, 150])]
+    torch.testing.assert_close(result.graph_module(x), Fold()(x), atol=0, rtol=0)
+
+
+def _random_chain(generator: random.Random) -> tuple[list[int], list[tuple[str, list[int]]]]:
+    """A source shape and a chain of reshapes and permutes that keep blocks of elements together."""
+    atoms = [generator.choice((2, 3, 4, 5)) for _ in range(generator.randint(2, 5))]
+    order = list(range(len(atoms)))  # the atoms' current order
+
+    def grouping() -> list[list[int]]:
+        cuts = sorted(generator.sample(range(1, len(order)), generator.randint(0, len(order) - 1)))
+        return [order[a:b] for a, b in zip([0, *cuts], [*cuts, len(order)])]
+
+    dims = grouping()
+    shape = [math.prod(atoms[a] for a in dim) for dim in dims]
+    chain: list[tuple[str, list[int]]] = []
+    for _ in range(generator.randint(2, 5)):
+        if generator.random() < 0.5 and len(dims) > 1:
+            perm = generator.sample(range(len(dims)), len(dims))
+            dims = [dims[p] for p in perm]
+            order = [a for dim in dims for a in dim]
+            chain.append(("permute", perm))
+        else:
+            dims = grouping()
+            chain.append(("reshape", [math.prod(atoms[a] for a in dim) for dim in dims]))
+    return shape, chain
+
+
+def test_every_chain_that_keeps_blocks_together_is_a_reshape_a_permute_and_a_reshape() -> None:
+    generator = random.Random(0)
+    for _ in range(200):
+        shape, steps = _random_chain(generator)
+
+        class Chain(nn.Module):
+            def forward(self, x: torch.Tensor, steps: list[tuple[str, list[int]]] = steps) -> torch.Tensor:
+                for kind, args in steps:
+                    x = x.permute(args) if kind == "permute" else x.reshape(args)
+                return x
+
+        x = torch.arange(math.prod(shape)).reshape(shape)
+        graph_module = torch.export.export(Chain(), (x,)).module()
+        chain = [n for n in graph_module.graph.nodes if n.target in _LAYOUT_OPS]
+        moves = reshape_permute_reshape(shape, chain)
+        assert moves is not None, (shape, steps)
+        got = x
+        for target, args in moves:
+            got = target(got, args)  # type: ignore[operator]
+        assert torch.equal(got, Chain()(x)), (shape, steps, moves)
+        assert sum(target is torch.ops.aten.permute.default for target, _ in moves) <= 1
+
+
+def test_a_transpose_is_the_permute_that_swaps_its_two_dims() -> None:
+    class Transpose(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.transpose(1, -1) + 1
+
+    x = torch.randn(2, 3, 4, 5)
+    result = TransposesAsPermutesPass()(torch.export.export(Transpose(), (x,)).module())
+    assert result is not None and result.modified
+    permutes = [n.args[1] for n in result.graph_module.graph.nodes if n.target is torch.ops.aten.permute.default]
+    assert permutes == [[0, 3, 2, 1]]
+    torch.testing.assert_close(result.graph_module(x), Transpose()(x), atol=0, rtol=0)
+
+
+def test_a_pooled_attention_fold_written_with_a_transpose_moves_its_tokens_in_one_permute() -> None:
+    class Fold(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return _pooled_attention_fold(x, transpose=True) * 2
+
+    x = torch.randn(1, 4, 75, 6)
+    ep = XnnpackRewriter(strict=True)(torch.export.export(Fold(), (x,)))
+    moves = [n.target for n in ep.graph_module.graph.nodes if n.target in (*_LAYOUT_OPS, torch.ops.aten.transpose.int)]
+    assert moves.count(torch.ops.aten.permute.default) == 1 and torch.ops.aten.transpose.int not in moves
+    torch.testing.assert_close(ep.module()(x), Fold()(x), atol=0, rtol=0)
 
 
 _LAYOUT_OPS = (torch.ops.aten.permute.default, torch.ops.aten.reshape.default)

@@ -8,12 +8,14 @@ from xnnguard.rewrite.layout.cat_sinking import SinkCatThroughMovesPass
 from xnnguard.rewrite.layout.elementwise_sinking import SinkElementwiseThroughMovesPass
 from xnnguard.rewrite.layout.movement_chains import CollapseMovementChainsPass
 from xnnguard.rewrite.layout.shared_moves import ShareMovesPass
+from xnnguard.rewrite.layout.transposes import TransposesAsPermutesPass
 
 __all__ = [
     "CollapseMovementChainsPass",
     "ShareMovesPass",
     "SinkCatThroughMovesPass",
     "SinkElementwiseThroughMovesPass",
+    "TransposesAsPermutesPass",
     "passes",
 ]
 
@@ -21,11 +23,13 @@ __all__ = [
 def passes() -> list[PassBase]:
     """The layout passes, in the order they run: last of all rewrites, over what the others left.
 
-    Elementwise ops and cats move first, so that the chains they leave meet the next op's and collapse;
+    Transposes become permutes first (the others follow chains of permutes and reshapes); elementwise
+    ops and cats move next, so that the chains they leave meet the next op's and collapse;
     identical moves of one tensor are shared before and after the chains collapse (collapsing makes
     chains of different lengths into the same one move).
     """
     return [
+        TransposesAsPermutesPass(),
         ShareMovesPass(),
         SinkElementwiseThroughMovesPass(),
         SinkCatThroughMovesPass(),
