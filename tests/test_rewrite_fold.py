@@ -202,6 +202,20 @@ def test_a_mask_started_with_new_zeros_of_a_dynamically_batched_input_folds() ->
     torch.testing.assert_close(folded(other), model(other), atol=0, rtol=0)
 
 
+def test_the_shifted_window_mask_of_swin3d_t_at_its_published_size_folds() -> None:
+    """128 windows of 8x7x7 tokens: a 19.7M-element mask, the size a video Swin reaches at 32x224x224."""
+    from testbed.networks.swin3d import _attention_mask_3d
+
+    class Masked(torch.nn.Module):
+        def forward(self, scores: torch.Tensor) -> torch.Tensor:
+            return scores + _attention_mask_3d(scores, (16, 56, 56), (8, 7, 7), (4, 3, 3))
+
+    scores = torch.randn(1, 392)
+    folded = _folded(Masked(), scores)
+    assert not {"masked_fill", "ne", "eq", "sub"} & set(_ops(folded))
+    torch.testing.assert_close(folded(scores), Masked()(scores), atol=0, rtol=0)
+
+
 def test_a_constant_above_the_element_budget_is_left_computed(monkeypatch: pytest.MonkeyPatch) -> None:
     class Big(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
