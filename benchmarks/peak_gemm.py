@@ -55,14 +55,14 @@ def _example() -> tuple[OneLinear, tuple[torch.Tensor]]:
     return model, (torch.randn(M, K, generator=generator),)
 
 
-def lower(int8: bool, pte: Path) -> None:
-    """Write the one-linear program (float, or static int8) to ``pte``: a ``.pte``, or for ONNX Runtime an
+def lower(int8: bool, path: Path) -> None:
+    """Write the one-linear program (float, or static int8) to ``path``: a ``.pte``, or for ONNX Runtime an
     ``.onnx`` (its int8 model is written beside it; its path is printed)."""
-    if pte.suffix == ".onnx":
+    if path.suffix == ".onnx":
         from benchmarks.peer_runtimes import export_ort
 
         model, example = _example()
-        print(json.dumps({"artifact": str(export_ort(model, example, pte, int8))}))
+        print(json.dumps({"artifact": str(export_ort(model, example, path, int8))}))
         return
     from executorch.exir import to_edge_transform_and_lower
 
@@ -74,25 +74,25 @@ def lower(int8: bool, pte: Path) -> None:
     if int8:
         program = torch.export.export(quantize_pt2e(program, example, xnnguard_quantizer()), example)
     edge = to_edge_transform_and_lower(program, partitioner=[xnnguard.XnnpackPartitioner()])
-    pte.write_bytes(edge.to_executorch().buffer)
-    print(json.dumps({"artifact": str(pte)}))
+    path.write_bytes(edge.to_executorch().buffer)
+    print(json.dumps({"artifact": str(path)}))
 
 
-def runner(side: str, pte: str | None, threads: int) -> Callable[[], object]:
+def runner(side: str, artifact: str | None, threads: int) -> Callable[[], object]:
     torch.set_num_threads(threads)
     _, (x,) = _example()
     if side.startswith("xnnpack"):
         from xnnguard.boundary.runtime import load_module, reset_threadpool
 
         reset_threadpool(threads)
-        assert pte is not None
-        module = load_module(pte)
+        assert artifact is not None
+        module = load_module(artifact)
         return lambda: module.forward((x,))
     if side.startswith("ort"):
         from benchmarks.peer_runtimes import ort_feeds, ort_session
 
-        assert pte is not None
-        session = ort_session(pte, threads)
+        assert artifact is not None
+        session = ort_session(artifact, threads)
         feeds = ort_feeds(session, (x,))
         return lambda: session.run(None, feeds)
     w = torch.randn(K, N)
@@ -108,21 +108,21 @@ def measure(directory: Path, threads: int, rounds: int, turn_s: float) -> dict[s
     """Each side's GFLOP/s (median of ``rounds`` fresh-process turns), or the error that stopped it."""
     from benchmarks.timing import run_in_fresh_process, turn_order
 
-    ptes: dict[str, Path] = {}
+    artifacts: dict[str, Path] = {}
     results: dict[str, dict[str, object]] = {}
     for side, int8 in CONVERTED:
         path = directory / f"peak.{side}.{'onnx' if side.startswith('ort') else 'pte'}"
         try:
             made = run_in_fresh_process("benchmarks.peak_gemm", ["--lower", str(path), *(["--int8"] if int8 else [])],
                                         f"converting the {side} GEMM", timeout=600)
-            ptes[side] = Path(made["artifact"])
+            artifacts[side] = Path(made["artifact"])
         except RuntimeError as error:
             results[side] = {"error": str(error).splitlines()[0]}
     turns: dict[str, list[float]] = {side: [] for side in SIDES}
     for side in turn_order([side for side in SIDES if side not in results], rounds):
         args = ["--time", side, "--threads", str(threads), "--turn-s", str(turn_s)]
-        if side in ptes:
-            args += ["--pte", str(ptes[side])]
+        if side in artifacts:
+            args += ["--artifact", str(artifacts[side])]
         try:
             turns[side].append(float(run_in_fresh_process("benchmarks.peak_gemm", args, f"the {side} GEMM",
                                                           timeout=600, threads=threads)["ms"]))
@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lower", type=Path, help="write the one-linear program here (.pte, or .onnx)")
     parser.add_argument("--int8", action="store_true")
     parser.add_argument("--time", choices=SIDES, help="take one turn of this side")
-    parser.add_argument("--pte")
+    parser.add_argument("--artifact", help="the converted program a turn runs (.pte or .onnx)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--turn-s", type=float, default=0.5)
@@ -150,7 +150,7 @@ def main(argv: list[str]) -> int:
     if args.lower:
         lower(args.int8, args.lower)
     elif args.time:
-        print(json.dumps(turn_ms(runner(args.time, args.pte, args.threads), args.turn_s)))
+        print(json.dumps(turn_ms(runner(args.time, args.artifact, args.threads), args.turn_s)))
     else:
         import tempfile
 
