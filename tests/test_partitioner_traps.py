@@ -157,6 +157,20 @@ def test_a_prelu_on_another_rank_is_folded_to_4d_and_runs_on_xnnpack(num_paramet
     assert own_records(partitioner.kept_out) == []
 
 
+class PermutedPReLU(PReLU):
+    """A PReLU of a permuted clip: its input is no view of a contiguous tensor of its shape."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.prelu((x * 2).permute(0, 2, 1, 3, 4))
+
+
+def test_a_5d_prelu_of_a_permuted_tensor_is_folded_to_4d_and_runs_on_xnnpack() -> None:
+    """Folded by reshapes: a view of the permuted input failed, and the PReLU left XNNPACK as gt and where."""
+    model, inputs = PermutedPReLU(3).eval(), (torch.randn(1, 4, 3, 5, 6),)
+    lowered = _lower_and_compare(model, inputs, xnnguard.XnnpackPartitioner())
+    assert lowered.delegated_ops()["prelu"] == 1 and lowered.outside_ops() == {}
+
+
 def test_a_5d_prelu_with_a_dynamic_batch_is_folded_to_4d_and_delegated() -> None:
     model, inputs = PReLU(3).eval(), (torch.randn(2, 3, 2, 4, 5),)
 

@@ -4,7 +4,8 @@
 PReLU scales the negative values of channel ``c`` (dim 1) by ``weight[c]`` (or by its one weight), so
 folding every dim after the channels into H and W leaves each value with its channel:
 ``(N, C, D, H, W)`` runs as ``(N, C, D*H, W)``, ``(N, C, L)`` as ``(N, C, 1, L)``, ``(N, C)`` as
-``(N, C, 1, 1)``, and a view brings back the shape. Views and the 4-D PReLU all go to XNNPACK, which
+``(N, C, 1, 1)``, and a view brings back the shape (a permuted input is folded by a reshape, a copy).
+Views and the 4-D PReLU all go to XNNPACK, which
 runs PReLU on 4-D tensors only (``xnnguard.rules.prelu_rank``).
 
 One dynamic dim other than the channels (a batch, a clip's frames) is kept: the views say -1 for it, the
@@ -59,7 +60,12 @@ class PReLUTo4dPass(NodeRewritePass):
         shape = shape_with_one_inferred(source) or []
         assert len(folded_shape(shape)) == PRELU_RANK
         with graph.inserting_before(node):
-            flat = call_like(graph, node, torch.ops.aten.view.default, (source, folded_shape(shape)))
+            # a view where there is one: a reshape of a dynamic dim computes its size in the graph, outside
+            # the delegate; a permuted input has none, and a reshape copies it
+            try:
+                flat = call_like(graph, node, torch.ops.aten.view.default, (source, folded_shape(shape)))
+            except (RuntimeError, ValueError):
+                flat = call_like(graph, node, torch.ops.aten.reshape.default, (source, folded_shape(shape)))
             prelu = call_like(graph, node, node.target, (flat, weight))
             result = call_like(graph, node, torch.ops.aten.view.default, (prelu, shape))
         node.replace_all_uses_with(result)
