@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from testbed.flow import lower_and_run
@@ -312,18 +314,28 @@ def test_the_pointwise_branches_of_an_inception_block_read_one_fold_of_its_input
     torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
 
 
-def test_a_relu_after_a_permute_runs_before_it() -> None:
-    class Moved(nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu((x * 2).permute(1, 0))
+class MovedActivation(nn.Module):
+    def __init__(self, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.activation = activation
 
-    x = torch.randn(3, 4)
-    graph_module = torch.export.export(Moved(), (x,)).module()
-    result = SinkElementwiseThroughMovesPass()(graph_module)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation((x * 2).permute(1, 0))
+
+
+ACTIVATIONS = {"relu": (torch.relu, torch.ops.aten.relu.default),
+               "leaky relu": (lambda t: F.leaky_relu(t, 0.01), torch.ops.aten.leaky_relu.default)}
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_an_activation_after_a_permute_runs_before_it(name: str) -> None:
+    activation, op = ACTIVATIONS[name]
+    model, x = MovedActivation(activation), torch.randn(3, 4)
+    result = SinkElementwiseThroughMovesPass()(torch.export.export(model, (x,)).module())
     assert result is not None and result.modified
     ops = [n.target for n in result.graph_module.graph.nodes if n.op == "call_function"]
-    assert ops == [torch.ops.aten.mul.Tensor, torch.ops.aten.relu.default, torch.ops.aten.permute.default]
-    torch.testing.assert_close(result.graph_module(x), Moved()(x), atol=0, rtol=0)
+    assert ops == [torch.ops.aten.mul.Tensor, op, torch.ops.aten.permute.default]
+    torch.testing.assert_close(result.graph_module(x), model(x), atol=0, rtol=0)
 
 
 def test_a_moved_piece_of_a_rewritten_op_is_still_a_piece_of_it() -> None:
@@ -415,6 +427,64 @@ def test_a_cat_of_permuted_inputs_concatenates_their_sources_along_the_matching_
     (cat,) = [n for n in result.graph_module.graph.nodes if n.target is torch.ops.aten.cat.default]
     assert cat.args[1] == 2
     torch.testing.assert_close(result.graph_module(x, y), Permuted()(x, y), atol=0, rtol=0)
+
+
+class CopiedMove(nn.Module):
+    """A permute copied contiguous (as a rewritten norm's result is), then read by ``read``."""
+
+    def __init__(self, read: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.read = read
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.read(torch.clone((x * 2).permute(1, 0), memory_format=torch.contiguous_format))
+
+
+def test_a_contiguous_copy_of_a_permute_runs_before_it() -> None:
+    model, x = CopiedMove(torch.relu), torch.randn(3, 4)
+    result = SinkElementwiseThroughMovesPass()(torch.export.export(model, (x,)).module())
+    assert result is not None and result.modified
+    ops = [n.target for n in result.graph_module.graph.nodes if n.op == "call_function"]
+    assert ops[:3] == [torch.ops.aten.mul.Tensor, torch.ops.aten.clone.default, torch.ops.aten.relu.default]
+    torch.testing.assert_close(result.graph_module(x), model(x), atol=0, rtol=0)
+
+
+def test_a_contiguous_copy_that_a_view_reads_stays_where_it_is() -> None:
+    """A view needs the copy's strides: moved before the permute, the copy would leave the permute's."""
+    model, x = CopiedMove(lambda t: t.view(-1)), torch.randn(3, 4)
+    result = SinkElementwiseThroughMovesPass()(torch.export.export(model, (x,)).module())
+    assert result is not None and not result.modified
+
+
+class MovedPReLU(nn.Module):
+    """A per-channel PReLU of frames ``(D, C, H, W)`` moved to a clip by ``clip``."""
+
+    def __init__(self, clip: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.clip = clip
+        self.prelu = nn.PReLU(4)
+        with torch.no_grad():
+            self.prelu.weight.copy_(torch.tensor([0.1, 0.2, 0.3, 0.4]))
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return self.prelu(self.clip(frames * 2))
+
+
+def test_a_per_channel_prelu_after_moves_that_keep_the_channels_runs_before_them() -> None:
+    """A MONAI UNet's PReLU after a norm computed on frames: on frames it stays in NHWC with the convs."""
+    model = MovedPReLU(lambda f: f.reshape(1, 3, 4, 5, 6).permute(0, 2, 1, 3, 4))
+    frames = torch.randn(3, 4, 5, 6)
+    result = SinkElementwiseThroughMovesPass()(torch.export.export(model, (frames,)).module())
+    assert result is not None and result.modified
+    (prelu,) = [n for n in result.graph_module.graph.nodes if n.target is torch.ops.aten.prelu.default]
+    assert prelu.meta["val"].dim() == 4
+    torch.testing.assert_close(result.graph_module(frames), model(frames), atol=0, rtol=0)
+
+
+def test_a_per_channel_prelu_after_moves_that_mix_the_channels_stays_where_it_is() -> None:
+    model = MovedPReLU(lambda f: f.reshape(1, 4, 3, 5, 6))  # each clip channel holds pieces of several
+    result = SinkElementwiseThroughMovesPass()(torch.export.export(model, (torch.randn(3, 4, 5, 6),)).module())
+    assert result is not None and not result.modified
 
 
 class DownsamplingBlock(nn.Module):

@@ -21,6 +21,9 @@ the next op's own (``CollapseMovementChainsPass``, next): R(2+1)D's blocks then 
 their convs from one block to the next. The chains differ where a stage begins: the skip's strided 1x1x1
 conv has the frames in its batch, the temporal conv the rows (R(2+1)D's float delegate, bench size:
 95 transposes, 61 reshapes and 6 standalone ReLUs before the second case, 52, 15 and none after).
+A norm's result comes through a ``clone`` to a contiguous tensor (``xnnguard.rewrite.norm.base.contiguous``),
+and a UNet's LeakyReLU follows it: both run before the chain of a norm computed in its frames
+(``xnnguard.rewrite.norm.frames_layout``), the clone only where no ``view`` downstream needs its strides.
 An in-place op is written out of place; it runs on the sources only when nothing else reads the
 operand it writes, nor the views it comes through, nor their base (they share its memory).
 """
@@ -38,6 +41,7 @@ from xnnguard.rewrite.layout.movement_chains import (
     element_indices,
     freed_suffix,
     is_movement,
+    keeps_channels,
     movement_chain,
     one_move,
     run_moves,
@@ -57,12 +61,17 @@ _ELEMENTWISE = {
     _aten.silu.default: _aten.silu.default,
     _aten.silu_.default: _aten.silu.default,
     _aten.gelu.default: _aten.gelu.default,
+    _aten.leaky_relu.default: _aten.leaky_relu.default,
+    _aten.leaky_relu_.default: _aten.leaky_relu.default,
+    _aten.clone.default: _aten.clone.default,  # a norm's contiguous result (moved only where no view needs it)
+    _aten.prelu.default: _aten.prelu.default,  # per channel: moved only where the moves keep the channels
     _aten.add.Tensor: _aten.add.Tensor,
     _aten.add_.Tensor: _aten.add.Tensor,
     _aten.sub.Tensor: _aten.sub.Tensor,
     _aten.mul.Tensor: _aten.mul.Tensor,
 }
 
+_VIEWS = frozenset({_aten.view.default, _aten._unsafe_view.default})
 _IN_PLACE = frozenset(op for op, out_of_place in _ELEMENTWISE.items() if op is not out_of_place)
 
 
@@ -103,10 +112,44 @@ def _connector(lead: list[torch.fx.Node], chain: list[torch.fx.Node]) -> tuple[o
     return move if _permutes(freed) >= (move[0] is _aten.permute.default) else None
 
 
+def _feeds_a_view(node: torch.fx.Node) -> bool:
+    """True when ``node``'s value reaches a ``view`` through elementwise ops and moves: a view needs the
+    strides it was traced with, and a clone moved before the chain leaves the chain's strides instead."""
+    seen, todo = set(), list(node.users)
+    while todo:
+        user = todo.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.target in _VIEWS:
+            return True
+        if user.target in _ELEMENTWISE or is_movement(user):
+            todo.extend(user.users)
+    return False
+
+
+def _prelu_site(node: torch.fx.Node) -> _Site | None:
+    """A PReLU runs on its input's source when its one weight, or the source's channels, are the moved
+    tensor's: its weight is no chain, but a per-channel operand."""
+    x, weight = node.args[0], node.args[1]
+    weights = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
+    if not is_movement(x) or not isinstance(weights, torch.Tensor):
+        return None
+    chain = movement_chain(x)  # type: ignore[arg-type]
+    shape = static_shape(chain[0].args[0])
+    if shape is None or (weights.numel() != 1 and not keeps_channels(chain, shape)):
+        return None
+    return _Site(chain, {chain[-1]: None})
+
+
 def _sinkable(node: torch.fx.Node) -> _Site | None:
     """Where ``node`` can run on its operands' sources, when it can; else None."""
     if node.op != "call_function" or node.target not in _ELEMENTWISE or static_shape(node) is None:
         return None
+    if node.target is _aten.clone.default and _feeds_a_view(node):
+        return None
+    if node.target is _aten.prelu.default:
+        return _prelu_site(node)
     if any(isinstance(leaf, torch.fx.Node) for leaf in torch.utils._pytree.tree_leaves(node.kwargs)):
         return None
     operands = [arg for arg in node.args if isinstance(arg, torch.fx.Node)]

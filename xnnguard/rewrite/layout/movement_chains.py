@@ -33,7 +33,8 @@ from xnnguard.rewrite.insert import call_like
 from xnnguard.rewrite.layout.base import LayoutPass
 
 __all__ = [
-    "CollapseMovementChainsPass", "element_indices", "freed_suffix", "is_movement", "movement_chain", "one_move",
+    "CollapseMovementChainsPass", "element_indices", "freed_suffix", "is_movement", "keeps_channels", "movement_chain",
+    "one_move",
     "reshape_permute_reshape", "run_moves", "undo_moves",
 ]
 
@@ -100,6 +101,21 @@ def element_indices(shape: Sequence[int]) -> torch.Tensor | None:
     if torch.Size(shape).numel() >= 2**31:
         return None
     return torch.arange(torch.Size(shape).numel(), dtype=torch.int32).reshape(tuple(shape))  # half of int64's memory
+
+
+def keeps_channels(chain: Sequence[torch.fx.Node], shape: Sequence[int]) -> bool:
+    """True when ``chain`` takes a tensor of ``shape`` to one whose channel ``c`` (dim 1) holds exactly the
+    elements of channel ``c`` of the tensor it moved: a per-channel op may then run before the moves."""
+    indices = element_indices(shape) if len(shape) >= 2 else None
+    if indices is None:
+        return False
+    moved = run_moves(chain, indices)
+    channels = int(shape[1])
+    if moved.dim() < 2 or int(moved.shape[1]) != channels:
+        return False
+    channel_of = (moved // math.prod(shape[2:])) % channels
+    return bool((channel_of == torch.arange(channels, dtype=moved.dtype).reshape(
+        [1, channels] + [1] * (moved.dim() - 2))).all())
 
 
 def run_moves(chain: Sequence[torch.fx.Node], x: torch.Tensor) -> torch.Tensor:
