@@ -487,6 +487,23 @@ def test_a_per_channel_prelu_after_moves_that_mix_the_channels_stays_where_it_is
     assert result is not None and not result.modified
 
 
+def test_a_cat_of_chains_of_different_lengths_concatenates_where_their_alike_ends_begin() -> None:
+    """A UNet's decoder: upsampled frames (a transposed conv's taps, one reshape more) and the skip."""
+
+    class Ends(nn.Module):
+        def forward(self, taps: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+            up = (taps * 2).reshape(-1, 4, 3, 3).reshape(1, 4, 4, 3, 3).permute(0, 2, 1, 3, 4)
+            return torch.cat((up, (skip * 3).reshape(1, 4, 4, 3, 3).permute(0, 2, 1, 3, 4)), 1)
+
+    taps, skip = torch.randn(2, 8, 3, 3), torch.randn(4, 4, 3, 3)  # the same sizes: either dim could be summed
+    graph_module = torch.export.export(Ends(), (taps, skip)).module()
+    result = SinkCatThroughMovesPass()(graph_module)
+    assert result is not None and result.modified
+    (cat,) = [n for n in result.graph_module.graph.nodes if n.target is torch.ops.aten.cat.default]
+    assert cat.args[1] == 1 and tuple(cat.meta["val"].shape) == (4, 8, 3, 3)
+    torch.testing.assert_close(result.graph_module(taps, skip), Ends()(taps, skip), atol=0, rtol=0)
+
+
 class DownsamplingBlock(nn.Module):
     """R(2+1)D's first block of a stage: strided separable convs, a strided 1x1x1 conv on the skip, added."""
 

@@ -1,18 +1,21 @@
 """A ``cat`` whose inputs all come through alike reshapes and permutes concatenates their sources.
 
 Invariant established: no statically shaped ``cat`` reads only chains of reshapes and permutes
-(``movement_chains.movement_chain``) that do the same moves to sources of one rank, differing at most in
-the size of one dim: it concatenates the sources, along the dim that matches, and one chain with the
-summed size follows it. The match is checked on the tensors of element indices, so the values are the
-same, bit for bit.
+(``movement_chains.movement_chain``) that end in the same moves of tensors of one rank, differing at most
+in the size of one dim: it concatenates those tensors (the sources, or where the longest alike ends of
+the chains begin), along the dim that matches, and one chain with the summed size follows it. The match
+is checked on the tensors of element indices, so the values are the same, bit for bit.
 
 Why: an inception block (S3D) concatenates four branches on channels, each of which ends with a conv
 unfolding its output back to (N, C, D, H, W); the cat then ran there, and the next block's convs folded
 it again. Concatenated in the convs' own layout, one chain is left, which collapses with the next op's
-(``CollapseMovementChainsPass``).
+(``CollapseMovementChainsPass``). The ends: a UNet's decoder concatenates its upsampled frames, which
+come from a transposed conv's taps through one more reshape, with the skip from the encoder.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -25,32 +28,39 @@ __all__ = ["SinkCatThroughMovesPass"]
 
 _aten = torch.ops.aten
 
-# (the dim to concatenate the sources along, each step of the chain after it as (target, args))
-CatSite = tuple[int, list[tuple[object, object]]]
+# (the dim to concatenate the sources along, each step of the chain after it as (target, args), how many
+# moves of each operand's chain it replaces)
+CatSite = tuple[int, list[tuple[object, object]], int]
 
 
-def _steps_after(chains: list[list[torch.fx.Node]]) -> list[tuple[object, object]] | None:
-    """The chain for the concatenated sources: the same moves, reshapes with the one differing size summed."""
-    steps: list[tuple[object, object]] = []
+def _steps_after(chains: list[list[torch.fx.Node]]) -> list[list[tuple[object, object]]]:
+    """The chains that may follow the concatenated sources: the same moves, each reshape with the one size
+    that differs summed (where every operand's reshape is alike, any of its sizes: ``_matching_dim`` tries
+    them on element indices)."""
+    options: list[list[tuple[object, object]]] = []
     for nodes in zip(*chains, strict=True):
         if len({node.target for node in nodes}) != 1:
-            return None
-        args = [list(node.args[1]) for node in nodes]
+            return []
+        # a reshape's sizes as it makes them (a -1 written for one of them resolved)
+        args = [list(node.args[1] if node.target is _aten.permute.default else static_shape(node) or ())
+                for node in nodes]
         if nodes[0].target is _aten.permute.default:
             if any(a != args[0] for a in args):
-                return None
-            steps.append((_aten.permute.default, args[0]))
+                return []
+            options.append([(_aten.permute.default, args[0])])
             continue
         if len({len(a) for a in args}) != 1:
-            return None
+            return []
         differing = [i for i in range(len(args[0])) if len({a[i] for a in args}) != 1]
-        if len(differing) > 1 or any(size < 0 for a in args for size in a):
-            return None
-        sizes = list(args[0])
-        for i in differing:
+        if len(differing) > 1:
+            return []
+        summed: list[tuple[object, object]] = []
+        for i in differing or range(len(args[0])):
+            sizes = list(args[0])
             sizes[i] = sum(a[i] for a in args)
-        steps.append((_aten.reshape.default, sizes))
-    return steps
+            summed.append((_aten.reshape.default, sizes))
+        options.append(summed)
+    return [list(steps) for steps in itertools.product(*options)]
 
 
 def _sinkable(node: torch.fx.Node) -> CatSite | None:
@@ -62,16 +72,16 @@ def _sinkable(node: torch.fx.Node) -> CatSite | None:
     if not all(is_movement(operand) for operand in operands) or len(set(operands)) != len(operands):
         return None
     chains = [movement_chain(operand) for operand in operands]  # type: ignore[arg-type]
-    if len({len(chain) for chain in chains}) != 1:
-        return None
-    sources = [chain[0].args[0] for chain in chains]
-    shapes = [static_shape(source) for source in sources]
-    if any(shape is None for shape in shapes) or len({len(shape) for shape in shapes}) != 1:  # type: ignore[arg-type]
-        return None
-    steps = _steps_after(chains)
-    if steps is None:
-        return None
-    return _matching_dim(chains, shapes, dim, steps)  # type: ignore[arg-type]
+    for length in range(min(len(chain) for chain in chains), 0, -1):  # the longest alike ends first
+        ends = [chain[-length:] for chain in chains]
+        shapes = [static_shape(end[0].args[0]) for end in ends]
+        if any(shape is None for shape in shapes) or len({len(shape) for shape in shapes}) != 1:  # type: ignore[arg-type]
+            continue
+        for steps in _steps_after(ends):
+            site = _matching_dim(ends, shapes, dim, steps)  # type: ignore[arg-type]
+            if site is not None:
+                return site
+    return None
 
 
 def _matching_dim(
@@ -99,7 +109,7 @@ def _matching_dim(
         except RuntimeError:  # the sources differ in another dim, or the sizes do not fit
             continue
         if candidate.shape == expected.shape and torch.equal(candidate, expected):
-            return source_dim, steps
+            return source_dim, steps, len(chains[0])
     return None
 
 
@@ -112,9 +122,9 @@ class SinkCatThroughMovesPass(LayoutPass[CatSite]):
         return _sinkable(node)
 
     def rewrite(self, graph: torch.fx.Graph, node: torch.fx.Node, site: CatSite) -> None:
-        source_dim, steps = site
+        source_dim, steps, length = site
         operands: list[torch.fx.Node] = list(node.args[0])  # type: ignore[arg-type]
-        sources = [movement_chain(operand)[0].args[0] for operand in operands]
+        sources = [movement_chain(operand)[-length].args[0] for operand in operands]
         with graph.inserting_before(node):
             moved = call_like(graph, node, _aten.cat.default, (sources, source_dim))
             for target, args in steps:
