@@ -504,6 +504,94 @@ def test_a_cat_of_chains_of_different_lengths_concatenates_where_their_alike_end
     torch.testing.assert_close(result.graph_module(taps, skip), Ends()(taps, skip), atol=0, rtol=0)
 
 
+def instance_norm(channels: int) -> nn.Module:
+    return nn.InstanceNorm3d(channels, affine=True)
+
+
+class NormedConvs(nn.Module):
+    """nnU-Net's conv block: (Conv3d k3 + norm + LeakyReLU), twice."""
+
+    def __init__(self, c: int = 4, norm: Callable[[int], nn.Module] = instance_norm) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv3d(c, c, 3, padding=1), norm(c), nn.LeakyReLU(0.01, inplace=True),
+            nn.Conv3d(c, c, 3, padding=1), norm(c), nn.LeakyReLU(0.01, inplace=True),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class DecoderStage(nn.Module):
+    """A UNet level: a conv block, a strided conv down, a transposed conv up, the skip concatenated, a conv."""
+
+    def __init__(self, c: int = 4) -> None:
+        super().__init__()
+        self.stage = NormedConvs(c)
+        self.down = nn.Conv3d(c, 2 * c, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose3d(2 * c, c, 2, stride=2)
+        self.head = nn.Conv3d(2 * c, c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = self.stage(x)
+        return self.head(torch.cat((self.up(self.down(skip)), skip), 1))
+
+
+_MOVES = (torch.ops.aten.permute.default, torch.ops.aten.reshape.default, torch.ops.aten.view.default)
+
+
+def _between_convs(ep: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    nodes = [n for n in ep.graph_module.graph.nodes if n.op == "call_function"]
+    convs = [i for i, n in enumerate(nodes) if n.target is torch.ops.aten.conv2d.default]
+    return nodes[convs[0] + 1 : convs[-1]]
+
+
+@pytest.mark.parametrize("norm", [instance_norm, lambda c: nn.GroupNorm(2, c)], ids=["instance norm", "group norm"])
+def test_a_normed_conv_block_runs_from_one_conv_to_the_next_on_4d_frames(norm: Callable[[int], nn.Module]) -> None:
+    """Frames in the batch of 4-D tensors, the layout ExecuTorch runs in NHWC: before, the norm read
+    (N, C, D, H, W), and XNNPACK transposed out of NHWC and to channels first and back around it."""
+    model, x = NormedConvs(norm=norm).eval(), torch.randn(1, 4, 4, 8, 8)
+    ep = XnnpackRewriter(strict=True)(torch.export.export(model, (x,)))
+    between = _between_convs(ep)
+    assert all(n.meta["val"].dim() <= 4 for n in between)
+    frame = 4 * 8 * 8  # C x H x W: only a norm's statistics (a value per frame and channel) move
+    assert [n for n in between if n.target in _MOVES and n.meta["val"].numel() >= frame] == []
+    _, second = _conv_inputs(ep)
+    assert second.target is torch.ops.aten.cat.default and second.meta["val"].dim() == 4
+    torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_normed_conv_block_stays_in_nhwc_between_its_convs() -> None:
+    """On XNNPACK: no transpose of even one frame between the first conv and the last."""
+    from xnnguard.runtime_check.pte_reader import read_methods
+    from xnnguard.runtime_check.xnnpack_blob import read_xnnpack_blob
+
+    torch.manual_seed(0)
+    run = lower_and_run(NormedConvs().eval(), torch.randn(1, 4, 4, 8, 8), "float")
+    (method,) = read_methods(run.lowered.buffer, "block")
+    (delegate,) = method.delegates
+    graph = read_xnnpack_blob(delegate.blob)
+    values = graph.value_map()
+    convs = [i for i, node in enumerate(graph.nodes) if node.op == "XNNConv2d"]
+    moved = [math.prod(values[node.outputs[0]].dims) for node in graph.nodes[convs[0] : convs[-1]]
+             if node.op == "XNNStaticTranspose"]
+    assert all(elements < 4 * 8 * 8 for elements in moved), moved  # a frame: C x H x W
+    run.assert_matches()
+
+
+def test_a_unet_decoder_concatenates_its_upsampled_frames_and_its_skip_as_frames() -> None:
+    """The transposed conv's taps are output channels (tap, channel): its output frames are a view of its
+    result, so the cat runs on frames, where the head conv reads it."""
+    model, x = DecoderStage().eval(), torch.randn(1, 4, 4, 8, 8)
+    ep = XnnpackRewriter(strict=True)(torch.export.export(model, (x,)))
+    _, _, _, head = _conv_inputs(ep)
+    taps = [operand for operand in head.args[0] if operand.target is not torch.ops.aten.slice.Tensor]
+    (skip_and_up,) = taps
+    assert skip_and_up.target is torch.ops.aten.cat.default and skip_and_up.args[1] == 1
+    assert skip_and_up.meta["val"].dim() == 4
+    torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
 class DownsamplingBlock(nn.Module):
     """R(2+1)D's first block of a stage: strided separable convs, a strided 1x1x1 conv on the skip, added."""
 
@@ -571,6 +659,8 @@ CASES = {  # name: (model, input shape)
     "inception block": (InceptionBlock, (1, 3, 4, 8, 8)),
     "pointwise branches": (PointwiseBranches, (1, 3, 4, 8, 8)),
     "pooling branch": (PoolingBranch, (1, 3, 4, 8, 8)),
+    "normed conv block": (NormedConvs, (1, 4, 4, 8, 8)),
+    "unet decoder stage": (DecoderStage, (1, 4, 4, 8, 8)),
 }
 
 

@@ -18,6 +18,7 @@ import xnnguard
 from testbed.flow import Each, lower_and_run, rewritten
 from testbed.int8_reference import Int8, int8_against_the_original, steps_allowed
 from testbed.lowered import lower, run_pte
+from testbed.networks._common import reinit_norms
 from testbed.tolerance import fp16_tolerance
 from tests.support import assert_within_rank_limit, ops
 from xnnguard.report import Rule
@@ -343,6 +344,83 @@ def test_the_result_of_a_rewritten_norm_is_contiguous_as_the_norms_own_is() -> N
     model, x = NormThenView().eval(), torch.randn(2, 4, 3, 5)
     ep = rewritten(model, x)
     torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+class ConvThenNorm(nn.Module):
+    """A Conv3d and its norm: the conv's rewrite leaves the clip's frames in the batch of a 4-D tensor."""
+
+    def __init__(self, norm: nn.Module, c: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(c, c, 3, padding=1)
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x))
+
+
+FRAMES_NORMS = {
+    "instance norm": lambda: nn.InstanceNorm3d(4, affine=True),
+    "instance norm, no affine": lambda: nn.InstanceNorm3d(4),
+    "group norm": lambda: nn.GroupNorm(2, 4),
+    "group norm, one group": lambda: nn.GroupNorm(1, 4),
+}
+
+
+def _frame_means(ep: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    """The 4-D means over H and W: ExecuTorch runs them as global average poolings in NHWC."""
+    return [n for n in ep.graph_module.graph.nodes
+            if n.target is torch.ops.aten.mean.dim and n.args[0].meta["val"].dim() == 4]
+
+
+@pytest.mark.parametrize("name", list(FRAMES_NORMS))
+def test_a_norm_of_a_clips_frames_in_a_batch_is_computed_on_the_frames_with_the_same_numbers(name: str) -> None:
+    torch.manual_seed(0)
+    model = reinit_norms(ConvThenNorm(FRAMES_NORMS[name]())).eval()
+    x = torch.randn(1, 4, 3, 5, 6) * 3 + 1
+    ep = rewritten(model, x)
+    assert len(_frame_means(ep)) >= 2 and all(n.meta["val"].dim() <= 4 for n in _frame_means(ep))
+    with torch.no_grad():
+        got, eager = ep.module()(x), model(x)
+        exact = copy.deepcopy(model).double()(x.double())
+    allowed = 2 * (eager.double() - exact).abs() + 2e-5 + 1e-5 * exact.abs()
+    assert ((got.double() - exact).abs() <= allowed).all()
+
+
+def test_a_frames_norm_of_a_channel_of_equal_values_is_exactly_its_bias_on_xnnpack() -> None:
+    """Deviations from the channel's first element: a channel with no spread centers to exactly 0, and its
+    output is the bias, not the rounding of its mean times ``1/sqrt(eps)``."""
+    model = ConvThenNorm(nn.InstanceNorm3d(4, affine=True)).eval()
+    with torch.no_grad():
+        model.conv.weight[1:3] = 0.0
+        model.conv.bias.copy_(torch.tensor([0.1, 0.71, -3.3, 0.2]))
+        model.norm.bias.copy_(torch.tensor([0.5, -0.25, 0.75, 1.0]))
+    run = lower_and_run(model, torch.randn(1, 4, 3, 5, 6), "float")
+    assert torch.equal(run.out[0, 1:3], model.norm.bias[1:3].reshape(2, 1, 1, 1).expand(2, 3, 5, 6))
+    run.assert_matches()
+
+
+def test_a_norm_of_moves_that_mix_the_frames_channels_keeps_the_clip_form() -> None:
+    """Frames viewed as a clip without the permute: each channel of the clip holds pieces of several."""
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.InstanceNorm3d(4, affine=True)
+
+        def forward(self, frames: torch.Tensor) -> torch.Tensor:
+            return self.norm((frames * 2).reshape(1, 4, 3, 5, 6))
+
+    model, frames = Mixed().eval(), torch.randn(3, 4, 5, 6)
+    ep = rewritten(model, frames)
+    assert _frame_means(ep) == []
+    torch.testing.assert_close(ep.module()(frames), model(frames), atol=1e-5, rtol=1e-5)
+
+
+def test_a_float16_norm_of_a_clips_frames_keeps_the_staged_sums() -> None:
+    """A pooling's float16 sum is not staged against overflow as the linears' are."""
+    model = ConvThenNorm(nn.InstanceNorm3d(4, affine=True)).eval().half()
+    ep = rewritten(model, torch.randn(1, 4, 3, 5, 6).half())
+    assert _frame_means(ep) == []
 
 
 # ---------------------------------------------------------------- what is left as it was, and said

@@ -21,7 +21,12 @@ Three forms, cheapest first:
   conv2d over all output frames, with the whole weight) or convolved one by one and summed (``sum``).
   One conv2d with the whole weight is what keeps quantization as the original op has it: one weight
   quantization and one output rounding (frames at the borders taken apart with fewer taps would each
-  get a weight of their own, quantized to other scales).
+  get a weight of their own, quantized to other scales). With one clip and depth stride 1 the frames
+  stay a 4-D ``(D, C, H, W)`` tensor from the input to the conv2d (``Conv3dGeometry.frames_stay_4d``):
+  ExecuTorch then runs the zero frames, the taps' slices and their concatenation in NHWC, where the
+  conv2d reads them, and a norm and a LeakyReLU between two such convs stay there too
+  (``xnnguard.rewrite.norm.frames_layout``): the 3-D UNet's data no longer leaves NHWC from one conv
+  to the next (at 128^3, float: 19 % of the forward was transposes, 4 % after).
 
 Every form keeps a dynamic batch (its reshapes say -1 for it). A dynamic depth (frame count), with a static
 batch, keeps the frames a whole spatial dim of one conv2d, which XNNPACK sizes at run time
@@ -56,7 +61,7 @@ from xnnguard.rewrite.conv3d.dynamic_depth import (
 from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
 from xnnguard.rewrite.conv3d.spliced_conv import Activation, SplicedConvPass
 from xnnguard.rewrite.conv3d.strided_select import select_every
-from xnnguard.rewrite.conv3d.tap_folding import fold_frames, fold_taps
+from xnnguard.rewrite.conv3d.tap_folding import as_frames, fold_frames, fold_taps
 from xnnguard.rewrite.size_args import triple
 from xnnguard.rules.conv3d import ConvKind
 
@@ -137,6 +142,20 @@ class Conv3dGeometry:
         top, bottom = self.padding[1]
         return height_layout(self.input_shape[3], kh, self.stride[1], self.dilation[1], top, bottom)
 
+    def frames_stay_4d(self) -> bool:
+        """The general form's frames stay one 4-D ``(D, C, H, W)`` tensor from the input to the conv2d.
+
+        ExecuTorch 1.5.1 runs a conv2d in NHWC and keeps the ops around it in NHWC as long as they are 4-D
+        elementwise ops, slices, pads, cats or permutes; a reshape or any other rank goes back to NCHW, a
+        transpose each way. With one clip (a static batch of 1) the frames are the conv2d's batch, so the
+        zero frames, the taps' slices and their concatenation stay 4-D; so does the next conv's input when
+        only such ops lie between them (``xnnguard.rewrite.norm.frames_layout``). A depth stride takes
+        every other frame through a view, and groups interleave their channels through one: those keep the
+        3-D form.
+        """
+        return self.input_shape[0] == 1 and not (self.dynamic_batch or self.dynamic_depth) and (
+            self.stride[0] == 1 and self.groups == 1)
+
     def spatial_padding(self) -> tuple[int, int] | None:
         """Symmetric (H, W) padding for conv2d, or None when a side needs an explicit pad."""
         (top, bottom), (left, right) = self.padding[1], self.padding[2]
@@ -176,6 +195,20 @@ def conv3d_geometry(node: torch.fx.Node) -> Conv3dGeometry | str:
         arguments.dynamic_batch,
         arguments.dynamic_depth,
     )
+
+
+def _unit_stride_taps(x: torch.Tensor, geometry: Conv3dGeometry) -> list[torch.Tensor]:
+    """Each depth tap's input frames of one clip at depth stride 1, as 4-D ``(Do, C, H, W)`` slices of the
+    frames ``(D, C, H, W)`` with zero frames padded on (``Conv3dGeometry.frames_stay_4d`` says why 4-D).
+
+    A tap that reads exactly the unpadded frames takes them as they are: one copy fewer.
+    """
+    _, c, d, h, w = geometry.input_shape
+    kd, do, dd = geometry.weight_shape[2], geometry.output_shape[2], geometry.dilation[0]
+    front, back = geometry.padding[0]
+    frames = x.permute(0, 2, 1, 3, 4).reshape(d, c, h, w)
+    padded = F.pad(frames, (0, 0, 0, 0, 0, 0, front, back)) if front or back else frames
+    return [frames if j * dd == front and do == d else padded[j * dd : j * dd + do] for j in range(kd)]
 
 
 def _pad_hw(x: torch.Tensor, geometry: Conv3dGeometry) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -280,18 +313,21 @@ def conv3d_as_conv2d(
         folded, padding = _pad_hw(folded, geometry)
         y = act(F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups))
         return y.reshape(-1, do, out_c, ho, wo).permute(0, 2, 1, 3, 4)
-    frames = x.permute(0, 2, 1, 3, 4).reshape(-1, d, c * h * w)
     front, back = geometry.padding[0]
-    if front or back:  # zero frames: every output frame then reads every tap
-        frames = F.pad(frames, (0, 0, front, back))
-    tap_frames = [select_every(frames, j * dd, sd, do) for j in range(kd)]
+    if geometry.frames_stay_4d():
+        tap_frames = _unit_stride_taps(x, geometry)
+    else:
+        frames = x.permute(0, 2, 1, 3, 4).reshape(-1, d, c * h * w)
+        if front or back:  # zero frames: every output frame then reads every tap
+            frames = F.pad(frames, (0, 0, front, back))
+        tap_frames = [select_every(frames, j * dd, sd, do) for j in range(kd)]
     if depth_taps == "fold":
         folded, padding = _pad_hw(fold_frames(tap_frames, c, groups, h, w), geometry)
         y = act(F.conv2d(folded, next(read), bias(), (sh, sw), padding, (dh, dw), groups))
     else:
         summed: torch.Tensor | None = None
         for tap in tap_frames:
-            one, padding = _pad_hw(tap.reshape(-1, c, h, w), geometry)
+            one, padding = _pad_hw(as_frames(tap, c, h, w), geometry)
             part = F.conv2d(one, next(read), bias() if summed is None else None, (sh, sw), padding, (dh, dw), groups)
             summed = part if summed is None else summed + part
         assert summed is not None

@@ -8,7 +8,9 @@ one ``conv_transpose2d`` over H and W (so one rounding when it is quantized, as 
 
 * **taps tile depth** (depth stride == kernel depth, the usual 2x upsampler): no two taps land on the
   same frame; the frames go to the batch, the taps to the output channels, and a permute puts them in
-  place;
+  place. Without groups the output channels are ordered (tap, channel), so that the output frames are
+  a view of the conv's output ``(D, kd*C, H, W)`` as ``(D*kd, C, H, W)``, the layout of the 3-D convs
+  around it (``xnnguard.rewrite.layout`` then concatenates a UNet's skip there, not in (N, C, D, H, W));
 * **general**: along depth a transposed convolution is a correlation over the input with ``stride - 1``
   zero frames inserted after each frame and ``(k - 1)*dilation - padding`` zero frames in front
   (``+ output_padding`` behind), with the taps in reverse order. The zero frames come from a constant
@@ -130,8 +132,11 @@ def conv_transpose2d_constants(
         overlap = width_overlap_add(w, kw, geometry.stride[2], geometry.padding[2], geometry.dilation[2],
                                     geometry.output_padding[2], weight.dtype)
         return [rows, overlap] + ([bias.clone()] if bias is not None else [])
-    if geometry.taps_tile_depth:
-        folded = weight.reshape(c_in, c_out_g * kd, kh, kw)  # output channels ordered (channel, tap)
+    if geometry.taps_tile_depth and geometry.groups == 1:  # output channels (tap, channel): frames in order
+        folded = weight.permute(0, 2, 1, 3, 4).reshape(c_in, kd * c_out_g, kh, kw)
+        return [folded] + ([bias.repeat(kd)] if bias is not None else [])
+    if geometry.taps_tile_depth:  # a group's output channels lie together: (group, channel, tap)
+        folded = weight.reshape(c_in, c_out_g * kd, kh, kw)
         return [folded] + ([bias.repeat_interleave(kd)] if bias is not None else [])
     return [fold_transposed_taps(weight, geometry.groups)] + ([bias.clone()] if bias is not None else [])
 
@@ -185,7 +190,11 @@ def conv_transpose3d_as_2d(
         frames = x.permute(0, 2, 1, 3, 4).reshape(-1, c_in, h, w)
         y = F.conv_transpose2d(frames, constants[0], bias, (sh, sw), (ph, pw), (oh, ow), geometry.groups, (dh, dw))
         y = activation(y) if activation is not None else y
-        y = y.reshape(-1, d, c_out, kd, ho * wo).permute(0, 2, 1, 3, 4).reshape(-1, c_out, d * kd, ho, wo)
+        if geometry.groups == 1:  # each input frame's taps are its output frames, in order: a view of them
+            frames = y.reshape(-1, c_out, ho, wo)
+            y = frames.reshape(-1, d * kd, c_out, ho, wo).permute(0, 2, 1, 3, 4)
+        else:
+            y = y.reshape(-1, d, c_out, kd, ho * wo).permute(0, 2, 1, 3, 4).reshape(-1, c_out, d * kd, ho, wo)
         return y if pd == 0 else y[:, :, pd : pd + do]
     frames = _zero_inserted(x.permute(0, 2, 1, 3, 4).reshape(-1, d, c_in * h * w), geometry)
     taps = [frames[:, j * dd : j * dd + do] for j in range(kd)]

@@ -11,20 +11,31 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["fold_frames", "fold_taps", "fold_transposed_taps"]
+__all__ = ["as_frames", "fold_frames", "fold_taps", "fold_transposed_taps"]
+
+
+def as_frames(t: torch.Tensor, channels: int, h: int, w: int) -> torch.Tensor:
+    """Tap frames, ``(A, count, C*h*w)`` or already ``(count, C, h, w)``, as ``(A*count, C, h, w)``.
+
+    Frames already 4-D are returned as they are, not through a view of the same shape: ExecuTorch 1.5.1
+    takes every view out of NHWC.
+    """
+    return t if t.dim() == 4 else t.reshape(-1, channels, h, w)
 
 
 def fold_frames(tap_frames: list[torch.Tensor], channels: int, groups: int, h: int, w: int) -> torch.Tensor:
     """Tap frames (A, count, C*h*w) -> 2-D conv input (A*count, taps*C, h, w), channels (group, tap, C).
+
+    Without groups, the tap frames may also be 4-D ``(count, C, h, w)`` already (one clip's).
 
     ``channels`` is C, the channels of one frame; the frames' count stays as the graph has it (a dynamic
     batch too). Without groups, the taps are concatenated along the channel dim of 4-D tensors.
     """
     taps = len(tap_frames)
     if taps == 1:
-        return tap_frames[0].reshape(-1, channels, h, w)
+        return as_frames(tap_frames[0], channels, h, w)
     if groups == 1:
-        return torch.cat([t.reshape(-1, channels, h, w) for t in tap_frames], 1)
+        return torch.cat([as_frames(t, channels, h, w) for t in tap_frames], 1)
     grouped = [t.reshape(-1, groups, channels // groups * h * w) for t in tap_frames]
     return torch.cat(grouped, 2).reshape(-1, taps * channels, h, w)
 

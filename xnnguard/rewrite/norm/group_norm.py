@@ -35,6 +35,7 @@ from xnnguard.rewrite.norm.base import (
     statistics,
 )
 from xnnguard.rewrite.norm.dynamic_positions import dynamic_group_norm_form
+from xnnguard.rewrite.norm.frames_layout import frames_group_norm_form, frames_source
 from xnnguard.rewrite.reduce.forms import reshape_to, stage_rule, sum_weights
 from xnnguard.rewrite.reduce.plan import SumPlan
 from xnnguard.rules.rank_limit import exceeds_rank_limit
@@ -63,6 +64,15 @@ def group_norm_form(
         return "it normalizes groups of no element"
     if per_group * math.prod(positions) == 1:
         return _bias_form(graph_module, x, channels, len(positions), bias)
+    frames = frames_source(x) if dtype_of(x) == torch.float32 else None
+    if frames is not None:
+        affine = [1, channels, 1, 1]
+        weight_operand = affine_operand(graph_module, weight, affine)
+        bias_operand = affine_operand(graph_module, bias, affine)
+        return frames_group_norm_form(
+            *frames, groups, float(eps),
+            torch.ones(affine) if weight_operand is None else weight_operand,
+            torch.zeros(affine) if bias_operand is None else bias_operand)
     split = 1 < groups < channels
     if split and exceeds_rank_limit(len(shape) + 1):
         return f"its channels split into groups make {len(shape) + 1} dims"
