@@ -12,10 +12,11 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import xnnguard
 from testbed.flow import lower_and_run, rewritten
-from testbed.lowered import lower, run_pte
+from testbed.lowered import Lowered, lower, run_pte
 from testbed.quantize import PRECISIONS, xnnpack_quantizer
 from testbed.tolerance import int8_tolerance
 from tests.support import assert_within_rank_limit, ops, rows_in_slow_tier
+from xnnguard.graph.ops import is_op
 from xnnguard.passes import DO_NOT_DELEGATE
 from xnnguard.report import Rule
 from xnnguard.rewrite.conv3d.conv3d import Conv3dGeometry, RewriteConv3dPass, conv2d_constants, conv3d_as_conv2d
@@ -462,3 +463,49 @@ def test_a_conv3d_with_a_dynamic_batch_stays_dynamically_quantized_in_dynamic_in
         expected = converted(other)
         torch.testing.assert_close(run_pte(lowered.buffer, (other,))[0], expected,
                                    atol=int8_tolerance(converted, expected, dynamic=False), rtol=0)
+
+
+class CausalConv3d(torch.nn.Module):
+    """Wan's and CogVideoX's causal conv: SiLU, then ``F.pad`` with all temporal padding in front and space on
+    both sides, then a conv with no padding of its own. ``channels_pad`` pads the channels too."""
+
+    def __init__(self, channels_pad: int = 0) -> None:
+        super().__init__()
+        self.widths = (1, 1, 1, 1, 2, 0) + ((0, channels_pad) if channels_pad else ())
+        self.conv = torch.nn.Conv3d(4 + channels_pad, 6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.nn.functional.pad(torch.nn.functional.silu(x), self.widths))
+
+
+def _delegated_pads(lowered: Lowered) -> list[torch.fx.Node]:
+    return [node for node in lowered.delegated_nodes if is_op(node, "constant_pad_nd")]
+
+
+def test_a_causal_pad_becomes_the_conv_padding_and_the_zero_frames_of_its_taps() -> None:
+    torch.manual_seed(0)
+    lowered, out, reference, tolerance = lower_and_run(CausalConv3d().eval(), torch.randn(1, 4, 5, 8, 8))
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
+    pads = _delegated_pads(lowered)  # one: the two zero frames in front, on the 4-D frames; H, W the conv2d's own
+    assert [tuple(pad.meta["val"].shape) for pad in pads] == [(7, 4, 8, 8)]
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+def test_a_causal_pad_pads_int8_values_in_a_static_int8_program() -> None:
+    """The stock quantizer annotates no pad: taken as its own op, the pad of a float SiLU runs in float."""
+    torch.manual_seed(0)
+    lowered, out, reference, tolerance = lower_and_run(CausalConv3d().eval(), torch.randn(1, 4, 5, 8, 8), "static int8")
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
+    pads = _delegated_pads(lowered)
+    assert pads and all(is_op(pad.args[0], "dequantize_per_tensor") for pad in pads)
+    torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+
+
+def test_a_pad_of_the_channels_stays_a_pad_in_front_of_the_rewritten_conv() -> None:
+    torch.manual_seed(0)
+    model, x = CausalConv3d(channels_pad=2).eval(), torch.randn(1, 4, 5, 8, 8)
+    ep = rewritten(model, x)
+    pads = [node for node in ep.graph.nodes if is_op(node, {"pad", "constant_pad_nd"})]
+    assert [node.meta["val"].dim() for node in pads][:1] == [5]
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)

@@ -18,23 +18,15 @@ import torch
 from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, SharedQuantizationSpec
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
+from xnnguard.graph.pads import zero_pad_widths
+
 __all__ = ["share_input_quantization"]
 
 _aten = torch.ops.aten
 
 
-def _is_zero_pad(node: torch.fx.Node) -> bool:
-    if node.target is _aten.constant_pad_nd.default:
-        return bool((node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)) == 0)
-    if node.target is _aten.pad.default:
-        mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
-        value = node.args[3] if len(node.args) > 3 else node.kwargs.get("value")
-        return mode == "constant" and value in (None, 0, 0.0)
-    return False
-
-
 def _moves_values(node: torch.fx.Node) -> bool:
-    return _is_zero_pad(node) or node.target is _aten.slice.Tensor
+    return zero_pad_widths(node) is not None or node.target is _aten.slice.Tensor
 
 
 def share_input_quantization(model: torch.fx.GraphModule) -> list[torch.fx.Node]:

@@ -35,13 +35,16 @@ inferred, a kernel of depth 1 is **frames along height** (each frame's rows afte
 other is **frames as rows** (the taps along W as channels). Height and width must be static.
 
 Padding modes other than zeros never reach this pass: export spells them as a pad op in front of a conv
-without padding. A conv2d's input is what its form computes, with no copy for quantization's sake: where
-1.5.1 would lay out the wrong tensor for a dynamically quantized conv, ``xnnguard.XNNPACKQuantizer`` gives
-it a ``cat`` input (``xnnguard.quantizer.dynamic_conv_input``), in dynamic int8 only.
+without padding. A zero pad of D, H and W in front of a conv (a causal conv's ``F.pad``) is taken as the
+conv's padding (``xnnguard.rewrite.conv3d.absorbed_pad``). A conv2d's input is what its form computes,
+with no copy for quantization's sake: where 1.5.1 would lay out the wrong tensor for a dynamically
+quantized conv, ``xnnguard.XNNPACKQuantizer`` gives it a ``cat`` input
+(``xnnguard.quantizer.dynamic_conv_input``), in dynamic int8 only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +53,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from xnnguard.rewrite.conv3d.absorbed_pad import absorbed_pad
 from xnnguard.rewrite.conv3d.dynamic_depth import (
     HeightLayout,
     frames_along_height,
@@ -349,7 +353,7 @@ class RewriteConv3dPass(SplicedConvPass[Conv3dGeometry]):
         self.depth_taps = depth_taps
 
     def quantization_note(self, node: torch.fx.Node) -> str | None:
-        geometry = conv3d_geometry(node)
+        geometry = self.geometry(node)
         if self.depth_taps != "sum" or not isinstance(geometry, Conv3dGeometry) or geometry.form != "general":
             return None
         return (
@@ -358,7 +362,16 @@ class RewriteConv3dPass(SplicedConvPass[Conv3dGeometry]):
         )
 
     def geometry(self, node: torch.fx.Node) -> Conv3dGeometry | str:
-        return conv3d_geometry(node)
+        geometry = conv3d_geometry(node)
+        pad = absorbed_pad(node)
+        if isinstance(geometry, str) or pad is None:
+            return geometry
+        unpadded = pad.unpadded(geometry.input_shape, geometry.dynamic_depth)
+        return dataclasses.replace(geometry, input_shape=unpadded, padding=pad.widen(geometry.padding))
+
+    def source(self, node: torch.fx.Node, operands: ConvOperands) -> torch.fx.Node:
+        pad = absorbed_pad(node)
+        return pad.source if pad is not None else operands.input
 
     def constants(
         self, operands: ConvOperands, geometry: Conv3dGeometry, activation: Activation | None

@@ -54,6 +54,10 @@ class SplicedConvPass(NodeRewritePass, Generic[Geometry]):
         """The convolution's geometry, or why it cannot be rewritten."""
         raise NotImplementedError
 
+    def source(self, node: torch.fx.Node, operands: ConvOperands) -> torch.fx.Node:
+        """The node the 2-D form reads: the convolution's input, unless ``geometry`` took an op before it."""
+        return operands.input
+
     def constants(
         self, operands: ConvOperands, geometry: Geometry, activation: Activation | None
     ) -> list[torch.Tensor]:
@@ -80,7 +84,7 @@ class SplicedConvPass(NodeRewritePass, Generic[Geometry]):
         def replacement(x: torch.Tensor, *constants_: torch.Tensor) -> torch.Tensor:
             return self.compute(x, constants_, geometry, activation)
 
-        output = splice_before(graph_module, node, replacement, [operands.input, *constants])
+        output = splice_before(graph_module, node, replacement, [self.source(node, operands), *constants])
         replace_uses(node, fused, output)
         logger.debug("%s: %s rewritten", node.name, self.subject)
         return None
