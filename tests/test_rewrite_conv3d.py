@@ -509,3 +509,33 @@ def test_a_pad_of_the_channels_stays_a_pad_in_front_of_the_rewritten_conv() -> N
     assert [node.meta["val"].dim() for node in pads][:1] == [5]
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+class PaddedConv3d(torch.nn.Module):
+    def __init__(self, conv: torch.nn.Conv3d, widths: tuple[int, ...]) -> None:
+        super().__init__()
+        self.conv, self.widths = conv, widths
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.nn.functional.pad(x, self.widths))
+
+
+@settings(derandomize=True, max_examples=20, deadline=None)
+@given(conv3d_cases(), st.lists(st.integers(-1, 2), min_size=1, max_size=4).map(lambda sides: sides * 2))
+def test_any_zero_pad_in_front_of_a_conv3d_gives_the_same_result_rewritten(
+    case: tuple[torch.nn.Conv3d, torch.Tensor], widths: list[int]
+) -> None:
+    """Widths of 2 to 8 entries: W, H, D and the channels, crops (negative) among them; the conv takes what
+    pads D, H and W only, by non-negative widths, and leaves the rest a pad of its own."""
+    conv, x = case
+    x = torch.nn.functional.pad(x, (2, 2, 2, 2, 2, 2))  # room for the crops
+    model = PaddedConv3d(conv, tuple(widths)).eval()
+    try:
+        with torch.no_grad():
+            expected = model(x)
+    except RuntimeError:  # a channel pad the conv's weight does not take
+        return
+    ep = rewritten(model, x)
+    assert "conv3d" not in ops(ep) and "convolution" not in ops(ep)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), expected, atol=1e-4, rtol=1e-4)
