@@ -331,3 +331,48 @@ def test_a_max_pooling_written_without_its_stride_lowers_runs_and_matches() -> N
     model, x = ConvPool().eval(), torch.randn(1, 3, 8, 8)
     lowered = lower(model, (x,), xnnguard.XnnpackPartitioner())
     torch.testing.assert_close(run_pte(lowered.buffer, (x,))[0], model(x), atol=1e-5, rtol=1e-5)
+
+
+# --- a pad that crops ----------------------------------------------------------------------------------
+
+
+class PaddedSkip(torch.nn.Module):
+    """A UNet decoder stage after the original paper: the skip padded to the upsampled tensor's size by
+    ``diff // 2`` on each side, a crop where the skip is the larger, then concatenated and convolved."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, skip: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        dy, dx = up.shape[2] - skip.shape[2], up.shape[3] - skip.shape[3]
+        skip = torch.nn.functional.pad(skip, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2])
+        return self.conv(torch.cat([skip, up], 1))
+
+
+CROPS = [((1, 4, 10, 9), (1, 4, 8, 8)), ((1, 4, 10, 7), (1, 4, 8, 8))]  # crops only; a crop and a pad
+
+
+def test_stock_1_5_1_lowers_a_cropping_pad_that_then_fails_on_every_forward() -> None:
+    inputs = tuple(torch.randn(shape) for shape in CROPS[0])
+    lowered = lower(PaddedSkip().eval(), inputs, StockXnnpackPartitioner())
+    assert lowered.outside_ops()["constant_pad_nd"] == 1
+    with pytest.raises(RuntimeError):
+        run_pte(lowered.buffer, inputs)
+
+
+@pytest.mark.parametrize("shapes", CROPS, ids=["crop", "crop-and-pad"])
+def test_a_cropping_pad_is_slices_and_a_pad_on_xnnpack_and_matches(shapes: tuple) -> None:
+    torch.manual_seed(0)
+    inputs = tuple(torch.randn(shape) for shape in shapes)
+    partitioner = xnnguard.XnnpackPartitioner()
+    lowered = _lower_and_compare(PaddedSkip().eval(), inputs, partitioner)
+    assert lowered.outside_ops() == {} and lowered.num_delegates == 1
+    assert own_records(partitioner.kept_out) == []
+
+
+def test_a_cropping_pad_runs_in_a_static_int8_program() -> None:
+    torch.manual_seed(0)
+    run = lower_and_run(PaddedSkip().eval(), tuple(torch.randn(shape) for shape in CROPS[1]), "static int8")
+    run.assert_matches()
+    assert run.lowered.outside_ops() == {} and run.lowered.num_delegates == 1

@@ -14,7 +14,8 @@ matching and the grouping into partitions are ExecuTorch's own code: each stock 
   an integer scalar of a float op is written as the float it stands for (``FloatScalarsPass``: no int64
   constant and cast outside), and a quantize-dequantize after a view above 6 dims of values already on
   its grid is dropped (``RequantizedViewsPass``: only the view stays outside), and a 2-D max pooling
-  whose indices nobody reads is written ``max_pool2d`` (``ValuesOnlyMaxPoolPass``), a ``detach`` inside the
+  whose indices nobody reads is written ``max_pool2d`` (``ValuesOnlyMaxPoolPass``), a pad by a negative
+  width is slices and a pad (``CroppingPadPass``: the portable kernel refuses it at run), a ``detach`` inside the
   graph is dropped (``InferenceDetachPass``), and a graph output that other ops read dequantized gets a
   dequantize of its own (``OutputDequantizePass``: ExecuTorch's channels-last pass would otherwise point
   the delegate's output at a node without a value), and a dequantize above 6 dims read by views to fewer
@@ -68,6 +69,7 @@ from xnnguard.partition.guard import GuardedConfig, Ledger
 from xnnguard.partition.merge import merge_partitions
 from xnnguard.partition.outside import is_operator_call, outside_record
 from xnnguard.report import KeptOut, Rule, summarize
+from xnnguard.rewrite.forms.cropping_pad import CroppingPadPass
 from xnnguard.rewrite.forms.float_scalars import FloatScalarsPass
 from xnnguard.rewrite.forms.inference_detach import InferenceDetachPass
 from xnnguard.rewrite.forms.inferred_stack import InferredStackPass
@@ -254,13 +256,14 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
 
 
 def _pre_decomposition_rewrites(graph_module: torch.fx.GraphModule) -> list[NodeRewritePass]:
-    """The rewrites that have work on ``graph_module``: a max over H or W, a PReLU of another rank, an
-    integer scalar operand of a float op, a requantization after a high-rank view, a max pooling whose
+    """The rewrites that have work on ``graph_module``: a max over H or W, a PReLU of another rank, a pad
+    that crops, an integer scalar operand of a float op, a requantization after a high-rank view, a max pooling whose
     indices nobody reads, a ``detach``, a graph output that shares its dequantize, a high-rank dequantize
     read by views to fewer dims."""
     forms = (
         MaxKeepdimPass(),
         PReLUTo4dPass(),
+        CroppingPadPass(),
         FloatScalarsPass(),
         RequantizedViewsPass(),
         ValuesOnlyMaxPoolPass(),
