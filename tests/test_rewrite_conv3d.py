@@ -482,9 +482,12 @@ def _delegated_pads(lowered: Lowered) -> list[torch.fx.Node]:
     return [node for node in lowered.delegated_nodes if is_op(node, "constant_pad_nd")]
 
 
-def test_a_causal_pad_becomes_the_conv_padding_and_the_zero_frames_of_its_taps() -> None:
+@pytest.mark.parametrize("precision", [*PRECISIONS, "fp16"])
+def test_a_causal_pad_becomes_the_conv_padding_and_the_zero_frames_of_its_taps(precision: str) -> None:
     torch.manual_seed(0)
-    lowered, out, reference, tolerance = lower_and_run(CausalConv3d().eval(), torch.randn(1, 4, 5, 8, 8))
+    lowered, out, reference, tolerance = lower_and_run(
+        CausalConv3d().eval(), torch.randn(1, 4, 5, 8, 8), precision  # type: ignore[arg-type]
+    )
     assert lowered.outside_ops() == {} and lowered.num_delegates == 1
     pads = _delegated_pads(lowered)  # one: the two zero frames in front, on the 4-D frames; H, W the conv2d's own
     assert [tuple(pad.meta["val"].shape) for pad in pads] == [(7, 4, 8, 8)]

@@ -442,6 +442,20 @@ def _window_partition(draw: Draw, step: Step, x: Value, earlier: Sequence[Value]
     return step.set(f"{windows}.reshape(-1, {math.prod(window)}, {channels})")  # windows into the batch
 
 
+def _zero_pad(draw: Draw, step: Step, x: Value, earlier: Sequence[Value]) -> bool:
+    """``F.pad`` with zeros of the dims a conv or pooling slides over: a causal video conv's (all temporal
+    padding in front: Wan, CogVideoX), Swin's to a multiple of its window, a crop (a negative width)."""
+    if not x.channel_first(4, 5):
+        return False
+    widths: list[int] = []
+    for size in reversed(x.shape[2:]):  # the last dim first, as F.pad takes them
+        low = -1 if size > 2 and draw.chance(0.2) else 0
+        widths += [draw.int(low, 2), draw.int(low, 2)]
+    if x.rank == 5 and draw.chance(0.5):
+        widths[-2:] = [draw.int(1, 2), 0]  # causal
+    return step.set(f"F.pad({x.name}, {tuple(widths)})")
+
+
 def _fold_frames(draw: Draw, step: Step, x: Value, earlier: Sequence[Value]) -> bool:
     """(N, C, T, H, W) -> (N * T, C, H, W): the frames into the batch, for 2-D ops (R(2+1)D, video VAEs)."""
     if not x.channel_first(5):
@@ -804,6 +818,7 @@ CATALOGUE: tuple[Op, ...] = (
     Op("softmax", "softmax", 1.5, _softmax),
     Op("patchify", "view", 1.2, _patchify, (4, 5)),
     Op("window_partition", "view", 1.0, _window_partition, (4, 5)),
+    Op("zero_pad", "view", 0.8, _zero_pad, (4, 5)),
     Op("fold_frames", "view", 0.8, _fold_frames, (5,)),
     Op("unfold_frames", "view", 4.0, _unfold_frames, (4,)),
     Op("to_tokens", "view", 0.8, _to_tokens, (4, 5)),
