@@ -11,7 +11,11 @@ machine's x86 build; ``tests/test_fp16_kernels.py`` holds this table to them):
 * attention (two GEMMs and a softmax) 1.8 ulp; its softmax, with a low-degree ``exp``, 1.4; xnnguard's
   layer norm form 1.4 to 1.7; ``tanh`` and ``sigmoid`` 1.2; ``gelu`` 0.4.
 
-The table below takes these, rounded up a little.
+The table below takes these, rounded up a little. They are the errors of XNNPACK's *native* float16
+kernels, which it picks on a CPU with float16 arithmetic (x86 AVX512-FP16, as the Sapphire Rapids Xeon the
+table was measured on; Arm's FP16 extension). On a CPU without it (AVX2 with F16C only: the AMD EPYC CI
+machines) XNNPACK converts to float32, computes there and rounds once, and errs less (a GEMM of 256 terms
+0.7 ulp): the table is an upper bound there (``native_fp16_arithmetic`` tells which machine this is).
 
 A float16 program is as right as its kernels when it is about as far from the float32 model as eager
 float16 is with those errors propagated through the network. ``kernel_error_outputs`` propagates them: it
@@ -43,6 +47,7 @@ __all__ = [
     "accumulation_ulps",
     "call_in_half",
     "kernel_error_outputs",
+    "native_fp16_arithmetic",
 ]
 
 # Average (root mean square) errors of XNNPACK's float16 kernels, in ulp of each result, rounded up.
@@ -55,6 +60,20 @@ NORM_ULPS = 2.0
 ACCUMULATION_ULPS = 0.35  # times the square root of a sum's length
 
 _aten = torch.ops.aten
+
+
+def native_fp16_arithmetic() -> bool:
+    """True when this CPU computes in float16 (x86 ``avx512fp16``; Arm ``asimdhp``), so XNNPACK's float16
+    kernels round where the table above says; False on an x86 CPU with F16C conversions only."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = {flag for line in cpuinfo if line.lower().startswith(("flags", "features"))
+                     for flag in line.split(":", 1)[1].split()}
+    except OSError:
+        return True  # no way to tell: the table as measured
+    return bool(flags & {"avx512fp16", "asimdhp"})
+
+
 # Ops whose float16 result XNNPACK sums in float16: the length of the sum each output element takes.
 _GEMMS = {
     _aten.mm.default: lambda args: args[0].shape[-1],

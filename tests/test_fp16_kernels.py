@@ -19,6 +19,7 @@ from testbed.fp16_kernels import (
     TRANSCENDENTAL_ULPS,
     accumulation_ulps,
     kernel_error_outputs,
+    native_fp16_arithmetic,
 )
 from testbed.tolerance import FP16_RTOL, fp16_tolerance
 
@@ -62,15 +63,29 @@ def _average_ulps(out: torch.Tensor, exact: torch.Tensor) -> float:
     return float((((out.double() - exact) / _ulp(exact))[large] ** 2).mean().sqrt())
 
 
-@pytest.mark.parametrize("name", list(KERNELS))
-def test_the_model_takes_each_xnnpack_f16_kernels_average_error_within_a_factor_of_2(name: str) -> None:
+def _measured_ulps(name: str) -> tuple[float, float]:
+    """(XNNPACK's average error for kernel ``name`` on this machine, the model's), in ulp."""
     function, inputs, modelled = KERNELS[name]
     run = lower_and_run(Op(function), inputs, "fp16")
     assert run.lowered.num_delegates == 1
     with torch.no_grad():
         exact = function(*(x.half().double() for x in inputs))
-    measured = _average_ulps(run.out, exact)
+    return _average_ulps(run.out, exact), modelled
+
+
+@pytest.mark.skipif(not native_fp16_arithmetic(), reason="the table models native float16 kernels; this CPU "
+                    "has F16C conversions only, where XNNPACK computes in float32 (the next test holds there)")
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_the_model_takes_each_xnnpack_f16_kernels_average_error_within_a_factor_of_2(name: str) -> None:
+    measured, modelled = _measured_ulps(name)
     assert measured <= modelled <= 2 * measured, f"{name}: XNNPACK {measured:.2f} ulp, modelled {modelled:.2f}"
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_the_model_is_an_upper_bound_of_each_xnnpack_f16_kernels_average_error_on_any_cpu(name: str) -> None:
+    """What the fp16 tolerance needs to judge no program wrong for its kernels' rounding."""
+    measured, modelled = _measured_ulps(name)
+    assert measured <= modelled, f"{name}: XNNPACK {measured:.2f} ulp, modelled {modelled:.2f}"
 
 
 class SoftmaxThenTinyNorm(nn.Module):
