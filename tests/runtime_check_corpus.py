@@ -1,5 +1,9 @@
 """Known-good and known-bad ``.pte`` files for the verifier, each lowered once per test session.
 
+Every test module that reads the corpus carries ``ON_ONE_WORKER``: under pytest-xdist each worker would
+lower its own copy of every program it reads, and build its module fixtures (sandboxes, mutation runs)
+again each time the worker comes back to the module.
+
 Bad ones come from STOCK ExecuTorch 1.5.1's XnnpackPartitioner (what teams ship today); good ones
 from float and quantized Conv2d/Linear models and from ``xnnguard.XnnpackPartitioner`` on the bad
 models. Each entry says which problem kinds the static verifier must report for it (none for good).
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -19,7 +24,9 @@ from testbed.lowered import lower
 from testbed.quantize import quantize_pt2e, xnnpack_quantizer
 from xnnguard.example_models import Conv2dReLU, Conv3dReLU, PermuteAdd
 
-__all__ = ["CORPUS", "Entry", "inputs_of", "program", "write_program"]
+__all__ = ["CORPUS", "ON_ONE_WORKER", "Entry", "inputs_of", "program", "write_program"]
+
+ON_ONE_WORKER = pytest.mark.xdist_group("runtime_check_corpus")
 
 
 class ConvLinear(torch.nn.Module):

@@ -20,10 +20,12 @@ import pytest
 
 from tests.byte_mutation import byte_level_mutants
 from tests.mutation import RuntimeSandbox, mutants
-from tests.runtime_check_corpus import program
+from tests.runtime_check_corpus import ON_ONE_WORKER, program
 from tests.test_runtime_check_bad_input import time_limit
 from xnnguard.runtime_check import PteReadError, verify_pte
 from xnnguard.runtime_check.report import KINDS
+
+pytestmark = ON_ONE_WORKER
 
 SOURCES = ["stock_float_conv_linear", "stock_qconv_linear", "stock_move_values"]
 MUTANTS_PER_SOURCE = 400

@@ -44,6 +44,9 @@ def constant_pad(node: object) -> tuple[tuple[int, ...], float] | None:
 
 
 def zero_pad_widths(node: object) -> tuple[int, ...] | None:
-    """The widths of ``node`` when it is a constant pad with the value 0 and static widths, else None."""
+    """The widths of ``node`` when it is a constant pad with the value 0 and static widths, else None.
+
+    Widths come as ``F.pad`` takes them, last dim first, and may be negative (a crop).
+    """
     pad = constant_pad(node)
     return pad[0] if pad is not None and pad[1] == 0 else None

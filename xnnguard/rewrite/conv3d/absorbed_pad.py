@@ -17,11 +17,9 @@ import dataclasses
 import torch
 
 from xnnguard.graph.pads import zero_pad_widths
-from xnnguard.rewrite.conv3d.operands import Shape5
+from xnnguard.rewrite.conv3d.operands import Padding3d, Shape5
 
-__all__ = ["Padding3d", "absorbed_pad"]
-
-Padding3d = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+__all__ = ["AbsorbedPad", "absorbed_pad"]
 
 
 @dataclasses.dataclass(frozen=True)

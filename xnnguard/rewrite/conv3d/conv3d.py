@@ -62,7 +62,7 @@ from xnnguard.rewrite.conv3d.dynamic_depth import (
     rows_weight,
     taps_along,
 )
-from xnnguard.rewrite.conv3d.operands import ConvOperands, conv_arguments
+from xnnguard.rewrite.conv3d.operands import ConvOperands, Padding3d, conv_arguments
 from xnnguard.rewrite.conv3d.spliced_conv import Activation, SplicedConvPass
 from xnnguard.rewrite.conv3d.strided_select import select_every
 from xnnguard.rewrite.conv3d.tap_folding import as_frames, fold_frames, fold_taps
@@ -85,7 +85,7 @@ class Conv3dGeometry:
     input_shape: tuple[int, int, int, int, int]
     weight_shape: tuple[int, int, int, int, int]
     stride: tuple[int, int, int]
-    padding: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]  # (front, back) for D, H, W
+    padding: Padding3d
     dilation: tuple[int, int, int]
     groups: int
     has_bias: bool = False

@@ -37,6 +37,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from xnnguard.rewrite.conv3d.operands import Padding3d
 from xnnguard.rewrite.reduce.forms import reshape_to
 
 __all__ = [
@@ -93,7 +94,7 @@ def frames_as_rows(
     bias: torch.Tensor | None,
     kernel: tuple[int, int, int],
     stride: tuple[int, int, int],
-    padding: tuple[tuple[int, int], tuple[int, int], tuple[int, int]],
+    padding: Padding3d,
     dilation: tuple[int, int, int],
     groups: int,
     along: TapsAlong,

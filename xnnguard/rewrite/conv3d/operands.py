@@ -17,6 +17,8 @@ __all__ = ["ConvArguments", "ConvOperands", "conv_arguments", "conv_operands"]
 
 
 Shape5 = tuple[int, int, int, int, int]
+# (front, back) zeros for D, H and W: a 3-D convolution's padding per side.
+Padding3d = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
 
 
 @dataclass(frozen=True)
