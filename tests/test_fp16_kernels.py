@@ -3,6 +3,7 @@ judged by how far its kernels move it, not by how far PyTorch's would."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -32,6 +33,9 @@ class Op(nn.Module):
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
         return self.function(*args)
 
+
+# One worker: the two kernel tests share each kernel's measurement (``_measured_ulps``).
+pytestmark = pytest.mark.xdist_group("fp16_kernels")
 
 _generator = torch.Generator().manual_seed(0)
 _WEIGHT = torch.randn(32, 256, generator=_generator) / 16
@@ -63,8 +67,10 @@ def _average_ulps(out: torch.Tensor, exact: torch.Tensor) -> float:
     return float((((out.double() - exact) / _ulp(exact))[large] ** 2).mean().sqrt())
 
 
+@functools.cache
 def _measured_ulps(name: str) -> tuple[float, float]:
-    """(XNNPACK's average error for kernel ``name`` on this machine, the model's), in ulp."""
+    """(XNNPACK's average error for kernel ``name`` on this machine, the model's), in ulp; measured once per
+    worker for the two tests that read it."""
     function, inputs, modelled = KERNELS[name]
     run = lower_and_run(Op(function), inputs, "fp16")
     assert run.lowered.num_delegates == 1
