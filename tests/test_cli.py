@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime_check_corpus import program, write_program
+from tests.runtime_check_corpus import ON_ONE_WORKER, program, write_program
 from xnnguard.cli import main
+
+pytestmark = ON_ONE_WORKER
 
 GOOD, BAD = "stock_float_conv_linear", "stock_rank7"
 XNNGUARD = [sys.executable, "-m", "xnnguard.cli"]

@@ -105,7 +105,7 @@ def _network(body: str) -> Network:
     return Network(seed=9000, batch=1, ops=("hand-written",), source=source)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not module: a worker that comes back to this module would warm a new one up
 def runner() -> Iterator[Runner]:
     yield Runner(jobs=1, timeout=120)
 
@@ -189,8 +189,15 @@ def _smoke(runner: Runner, seeds: tuple[int, ...], mode: str) -> None:
 ON_EVERY_RELEASE = ("float32", "static-int8")
 
 
-@pytest.mark.parametrize("mode", [pytest.param(mode, marks=pytest.mark.release_sensitive if mode in ON_EVERY_RELEASE
-                                               else ()) for mode in MODES])
+# Dynamic int8 in the slow tier: it quantizes only the linears and convs, which the static-int8 mode
+# quantizes too, and test_rewrites_in_int8 keeps a dynamic-int8 row of each rewrite family.
+def _smoke_tier(mode: str) -> tuple[pytest.MarkDecorator, ...]:
+    if mode == "dynamic-int8":
+        return (pytest.mark.slow,)
+    return (pytest.mark.release_sensitive,) if mode in ON_EVERY_RELEASE else ()
+
+
+@pytest.mark.parametrize("mode", [pytest.param(mode, marks=_smoke_tier(mode)) for mode in MODES])
 def test_smoke_no_fuzzed_program_is_wrong_failing_or_crashing(runner: Runner, mode: str) -> None:
     _smoke(runner, SMOKE_SEEDS, mode)
 

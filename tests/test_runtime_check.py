@@ -7,10 +7,10 @@ import torch
 
 from testbed.lowered import run_pte
 from testbed.tolerance import float_tolerance, int8_tolerance
-from tests.runtime_check_corpus import CORPUS, inputs_of, program, reference_model, write_program
+from tests.runtime_check_corpus import CORPUS, ON_ONE_WORKER, inputs_of, program, reference_model, write_program
 from xnnguard.runtime_check import assert_pte_ok, verify_pte
 
-pytestmark = pytest.mark.release_sensitive
+pytestmark = [pytest.mark.release_sensitive, ON_ONE_WORKER]
 
 STATICALLY_JUDGED = [name for name, entry in CORPUS.items() if entry.static_kinds is not None]
 # Programs the runtime loads and runs: their numbers say whether they are good.

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime_check_corpus import program, write_program
+from tests.runtime_check_corpus import ON_ONE_WORKER, program, write_program
 from xnnguard.runtime_check import PteReadError, Report, verify_pte
 from xnnguard.runtime_check.report import KINDS
+
+pytestmark = ON_ONE_WORKER
 
 KNOWN_KINDS = set(KINDS) - {"load", "run", "weights", "unreadable"}  # what a static check reports
 FUZZ_SOURCES = ["stock_rank7", "stock_qconv3d_relu", "stock_qconv_linear"]

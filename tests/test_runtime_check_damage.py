@@ -19,13 +19,15 @@ import pytest
 
 from tests.byte_mutation import flatbuffer_spans
 from tests.mutation import RuntimeSandbox, edit
-from tests.runtime_check_corpus import program
+from tests.runtime_check_corpus import ON_ONE_WORKER, program
 from xnnguard.runtime_check import PteReadError, verify_pte
 from xnnguard.runtime_check.flatbuffer_verifier import verify_flatbuffer
 from xnnguard.runtime_check.flatbuffer_view import Region, TableView, root_table
 from xnnguard.runtime_check.program_structure import PROGRAM_IDENTIFIER, program_layout
 from xnnguard.runtime_check.pte_reader import _program_schema, read_program
 from xnnguard.runtime_check.xnnpack_blob import _schema, graph_table
+
+pytestmark = ON_ONE_WORKER
 
 PRECISIONS = {
     "float": "stock_float_conv_linear",

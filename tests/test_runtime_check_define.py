@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.mutation import RuntimeSandbox, edit, node_value
-from tests.runtime_check_corpus import program
+from tests.runtime_check_corpus import ON_ONE_WORKER, program
 from xnnguard.runtime_check import verify_pte
 from xnnguard.runtime_check.define_checks import (
     DEFINE_CHECKS,
@@ -32,6 +32,8 @@ from xnnguard.runtime_check.define_checks.base import Finding, NodeView
 from xnnguard.runtime_check.define_checks.quant_params import check_quantization_parameters_match
 from xnnguard.runtime_check.pte_reader import read_methods
 from xnnguard.runtime_check.xnnpack_blob import XNNPACK_BACKEND_ID, read_xnnpack_blob
+
+pytestmark = ON_ONE_WORKER
 
 NO_VALUE = 0xFFFFFFFF
 FP16, INT32, QINT8, QCINT8 = 2, 12, 3, 6  # XNNDatatype codes of the runtime schema

@@ -9,11 +9,11 @@ from functools import cache
 import pytest
 
 from testbed.lowered import lower
-from tests.runtime_check_corpus import program, write_program
+from tests.runtime_check_corpus import ON_ONE_WORKER, program, write_program
 from xnnguard.runtime_check import verify_pte
 from xnnguard.runtime_check.runtime_load import captured_stderr
 
-pytestmark = pytest.mark.release_sensitive
+pytestmark = [pytest.mark.release_sensitive, ON_ONE_WORKER]
 
 
 def test_a_rank7_delegate_fails_to_load_with_the_runtimes_own_message() -> None:

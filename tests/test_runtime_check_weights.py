@@ -7,10 +7,12 @@ from functools import cache
 import torch
 
 from testbed.lowered import lower, run_pte
-from tests.runtime_check_corpus import program
+from tests.runtime_check_corpus import ON_ONE_WORKER, program
 from xnnguard.cli import main
 from xnnguard.runtime_check import verify_pte
 from xnnguard.runtime_check.pte_reader import read_program
+
+pytestmark = ON_ONE_WORKER
 
 
 def _flip_a_weight_byte(data: bytes) -> bytes:
