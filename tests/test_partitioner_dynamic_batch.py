@@ -16,6 +16,7 @@ import xnnguard
 from testbed.lowered import lower, run_pte
 from testbed.quantize import PRECISIONS, Precision, xnnpack_quantizer
 from testbed.tolerance import float_tolerance, int8_tolerance
+from tests.support import dynamic_int8_in_slow_tier
 from xnnguard.rewrite.forms.inferred_view import InferredViewPass
 
 pytestmark = pytest.mark.release_sensitive
@@ -166,7 +167,7 @@ class ConvCrop(torch.nn.Module):
 SLICED = {"class token split": (ClassTokenSplit, (2, 9, 8)), "conv crop": (ConvCrop, (2, 3, 10, 10))}
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", dynamic_int8_in_slow_tier(PRECISIONS))
 @pytest.mark.parametrize("kind", SLICED)
 def test_slices_along_static_dims_under_a_dynamic_batch_are_delegated_and_run_at_every_batch(
     kind: str, precision: Precision

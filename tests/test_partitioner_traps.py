@@ -22,7 +22,7 @@ from testbed.flow import lower_and_run
 from testbed.lowered import Lowered, lower, run_pte
 from testbed.quantize import PRECISIONS, Precision
 from tests.compat_marks import needs_pre_decomposition_hook, without_pre_decomposition_hook
-from tests.support import own_records
+from tests.support import dynamic_int8_in_slow_tier, own_records
 from xnnguard.report import Rule
 from xnnguard.rules.keep_out import keep_out_reason
 
@@ -309,7 +309,7 @@ class Conv3dResBlock(torch.nn.Module):
         return h + torch.nn.functional.silu(self.norm(h))
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", dynamic_int8_in_slow_tier(PRECISIONS))
 def test_a_rewritten_conv3d_with_a_group_norm_residual_lowers_and_runs(precision: Precision) -> None:
     lowered, out, reference, tolerance = lower_and_run(Conv3dResBlock().eval(), torch.randn(1, 4, 3, 8, 8), precision)
     assert lowered.outside_ops()["convolution"] == 0

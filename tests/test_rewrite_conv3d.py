@@ -15,7 +15,7 @@ from testbed.flow import lower_and_run, rewritten
 from testbed.lowered import Lowered, lower, run_pte
 from testbed.quantize import PRECISIONS, xnnpack_quantizer
 from testbed.tolerance import int8_tolerance
-from tests.support import assert_within_rank_limit, ops, rows_in_slow_tier
+from tests.support import assert_within_rank_limit, dynamic_int8_in_slow_tier, ops, rows_in_slow_tier
 from xnnguard.graph.ops import is_op
 from xnnguard.passes import DO_NOT_DELEGATE
 from xnnguard.report import Rule
@@ -192,7 +192,7 @@ class Qwen2VLPatchEmbed(torch.nn.Module):
         return self.proj(hidden_states).view(-1, self.embed_dim)
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", dynamic_int8_in_slow_tier(PRECISIONS))
 def test_r3d_block_runs_fully_delegated(precision: str) -> None:
     torch.manual_seed(0)
     lowered, out, reference, tolerance = lower_and_run(R3dBlock().eval(), torch.randn(1, 8, 8, 16, 16), precision)  # type: ignore[arg-type]
@@ -202,7 +202,7 @@ def test_r3d_block_runs_fully_delegated(precision: str) -> None:
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", dynamic_int8_in_slow_tier(PRECISIONS))
 def test_qwen2_vl_patch_embedding_runs_as_one_delegated_linear(precision: str) -> None:
     torch.manual_seed(0)
     lowered, out, reference, tolerance = lower_and_run(
@@ -225,7 +225,7 @@ class R3dShortcut(torch.nn.Module):
         return self.shortcut(torch.relu(self.conv(x)))
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", dynamic_int8_in_slow_tier(PRECISIONS))
 def test_a_strided_pointwise_conv_after_a_quantized_op_stays_in_one_delegate(precision: str) -> None:
     """Its conv input is one frame of a strided select: under static int8 the pieces must keep their
     input's qparams, or XNNPACK leaves them out and the delegate splits."""
@@ -385,7 +385,7 @@ def test_a_failing_pass_is_named_in_a_clear_error() -> None:
         XnnpackRewriter([RewriteConv3dPass(), Broken()], strict=True)(ep)
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", dynamic_int8_in_slow_tier(PRECISIONS))
 def test_a_weight_normalized_conv3d_is_rewritten_with_its_computed_weight(precision: str) -> None:
     """Video VAEs wrap their convs in weight norm: the weight is ``_weight_norm`` of two parameters."""
     torch.manual_seed(0)
@@ -482,7 +482,7 @@ def _delegated_pads(lowered: Lowered) -> list[torch.fx.Node]:
     return [node for node in lowered.delegated_nodes if is_op(node, "constant_pad_nd")]
 
 
-@pytest.mark.parametrize("precision", [*PRECISIONS, "fp16"])
+@pytest.mark.parametrize("precision", dynamic_int8_in_slow_tier([*PRECISIONS, "fp16"]))
 def test_a_causal_pad_becomes_the_conv_padding_and_the_zero_frames_of_its_taps(precision: str) -> None:
     torch.manual_seed(0)
     lowered, out, reference, tolerance = lower_and_run(

@@ -11,7 +11,7 @@ import xnnguard
 from testbed.flow import lower_and_run, rewritten
 from testbed.lowered import run_pte
 from testbed.quantize import PRECISIONS
-from tests.support import assert_within_rank_limit, ops
+from tests.support import assert_within_rank_limit, dynamic_int8_in_slow_tier, ops
 from xnnguard.rewrite.conv3d.conv_transpose3d import (
     ConvTranspose3dGeometry,
     conv_transpose2d_constants,
@@ -94,7 +94,7 @@ class Upsampler(torch.nn.Module):
         return torch.relu(self.up(x))
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", dynamic_int8_in_slow_tier(PRECISIONS))
 def test_upsampler_runs_fully_delegated(precision: str) -> None:
     torch.manual_seed(0)
     lowered, out, reference, tolerance = lower_and_run(Upsampler().eval(), torch.randn(1, 16, 4, 8, 8), precision)  # type: ignore[arg-type]
@@ -103,7 +103,7 @@ def test_upsampler_runs_fully_delegated(precision: str) -> None:
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", dynamic_int8_in_slow_tier(PRECISIONS))
 def test_overlapping_upsampler_runs_fully_delegated(precision: str) -> None:
     """Kernel depth 4 > stride 2: taps overlap along depth; over the zero-inserted input they fold into one conv."""
     torch.manual_seed(0)
