@@ -13,6 +13,7 @@ from executorch.exir.lowered_backend_module import LoweredBackendModule
 
 import xnnguard
 from xnnguard.boundary.runtime import load_module
+from xnnguard.compat import load_quantized_kernels
 from xnnguard.graph.ops import target_name
 
 __all__ = ["Lowered", "lower", "run_pte"]
@@ -86,7 +87,12 @@ def lower(
     via_to_backend: bool = False,
     transform_passes: Sequence[Any] = (),
 ) -> Lowered:
-    """Export (unless given an ExportedProgram), lower with ``partitioner`` and serialize."""
+    """Export (unless given an ExportedProgram), lower with ``partitioner`` and serialize.
+
+    The quantized out-variants are registered first, whatever the process loaded before: q/dq a partitioner
+    leaves outside XNNPACK need them at ``to_executorch()``, and on 1.4.0 importing their module is not enough.
+    """
+    load_quantized_kernels()
     ep = model if isinstance(model, torch.export.ExportedProgram) else torch.export.export(model.eval(), inputs)
     with xnnguard.keep_dynamic_ranges():  # as the README says to lower a program with dynamic sizes
         if via_to_backend:

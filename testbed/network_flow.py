@@ -26,6 +26,7 @@ import xnnguard
 from testbed.quantize import xnnguard_quantizer, xnnpack_quantizer
 from testbed.rounding_floor import rounding_floor
 from testbed.tolerance import NETWORK_TOLERANCE, mean_relative_error, network_matches, relative_error
+from xnnguard.compat import load_quantized_kernels
 
 __all__ = [
     "MAX_DELEGATES",
@@ -134,7 +135,7 @@ def describe_error(error: BaseException) -> str:
 
 def _quantizer(precision: str, stock: bool) -> Any:
     if stock:
-        import executorch.kernels.quantized  # noqa: F401  (q/dq left outside need these kernels, by hand)
+        load_quantized_kernels()  # q/dq the stock partitioner leaves outside need them; see testbed.lowered
 
         return xnnpack_quantizer(dynamic=precision == "dynamic")
     return xnnguard_quantizer(dynamic=precision == "dynamic")

@@ -208,7 +208,6 @@ def reference_model(name: str) -> Callable[..., torch.Tensor]:
 @cache
 def program(name: str) -> bytes:
     """The serialized program of corpus entry ``name`` (lowered on first use, then cached)."""
-    import executorch.kernels.quantized  # noqa: F401  (q/dq the stock partitioner leaves outside need kernels)
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     import xnnguard

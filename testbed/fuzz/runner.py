@@ -162,7 +162,6 @@ def run_program(network: Network, mode: str, runtime_log: Callable[[], str] | No
 def stock_status(network: Network, mode: str) -> str:
     """The program through stock ExecuTorch's flow (no rewrite, its own partitioner and quantizer): "ok",
     "wrong" or "<stage> failed". It tells a finding xnnguard could fix from one it inherits."""
-    import executorch.kernels.quantized  # noqa: F401  (q/dq left outside need these kernels, by hand)
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     from testbed.flow import FlowError, lower_and_run
