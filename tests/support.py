@@ -6,7 +6,7 @@ the benchmarks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -23,6 +23,7 @@ __all__ = [
     "max_rank",
     "ops",
     "own_records",
+    "rows_in_slow_tier",
 ]
 
 
@@ -32,15 +33,27 @@ def dynamic_int8_in_slow_tier(modes: Sequence[str]) -> list[Any]:
     Dynamic quantization quantizes only the linears and convs around a rewritten op, and
     ``tests/test_rewrites_in_int8.py`` keeps a dynamic-int8 row of each rewrite family in the default tier.
     """
-    return [pytest.param(mode, marks=pytest.mark.slow) if "dynamic" in mode else mode for mode in modes]
+    return rows_in_slow_tier(modes, lambda mode: "dynamic" in mode)
 
 
-def rows_in_slow_tier(values: Sequence[Any], slow: Sequence[Any], ids: Sequence[str] | None = None) -> list[Any]:
-    """``values`` as parameters, those in ``slow`` in the slow tier (each caller says why, and where the
-    behaviour stays covered in the default tier)."""
-    names = list(ids) if ids is not None else [None] * len(values)
-    return [pytest.param(value, marks=pytest.mark.slow if value in slow else (), id=name)
-            for value, name in zip(values, names, strict=True)]
+def rows_in_slow_tier(
+    rows: Iterable[Any],
+    slow: Collection[Any] | Callable[..., bool],
+    ids: Sequence[str] | Callable[..., str] | None = None,
+) -> list[Any]:
+    """``rows`` as parameters, those ``slow`` picks in the slow tier (docs/testing.md); each caller says why,
+    and where the behaviour stays covered in the default tier.
+
+    A row is one value, or a tuple of values for a parametrization of several names. ``slow`` is a collection
+    of rows, or a predicate called with a row's values; ``ids`` a name per row, or a function of its values.
+    """
+    params = []
+    for index, row in enumerate(rows):
+        values = row if isinstance(row, tuple) else (row,)
+        is_slow = slow(*values) if callable(slow) else row in slow
+        name = ids(*values) if callable(ids) else None if ids is None else ids[index]
+        params.append(pytest.param(*values, marks=pytest.mark.slow if is_slow else (), id=name))
+    return params
 
 
 def own_records(records: Sequence[KeptOut]) -> list[KeptOut]:

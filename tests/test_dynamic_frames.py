@@ -18,7 +18,7 @@ import xnnguard
 from testbed.lowered import lower, run_pte
 from testbed.networks.swin3d import SwinTransformerBlock
 from testbed.tolerance import float_tolerance
-from tests.support import ops
+from tests.support import ops, rows_in_slow_tier
 from xnnguard.rewrite.conv3d.dynamic_depth import frames_along_height, height_layout
 
 FRAMES = torch.export.Dim("frames", min=4, max=32)
@@ -157,9 +157,7 @@ QUICK = (
 )
 
 
-@pytest.mark.parametrize(
-    "name", [name if name in QUICK else pytest.param(name, marks=pytest.mark.slow) for name in MODELS]
-)
+@pytest.mark.parametrize("name", rows_in_slow_tier(MODELS, lambda name: name not in QUICK))
 def test_a_video_op_with_dynamic_frames_runs_in_one_delegate_at_every_length(name: str) -> None:
     torch.manual_seed(0)
     model = MODELS[name]().eval()

@@ -13,6 +13,7 @@ from torch import nn
 
 from testbed.flow import lower_and_run
 from testbed.quantize import Precision
+from tests.support import rows_in_slow_tier
 from xnnguard.report import Rule
 
 
@@ -39,8 +40,8 @@ class TwoBatchNorms(nn.Module):
 
 # int8 in the slow tier: a batch norm left in the original makes torchao's convert trace its QAT conv-bn
 # patterns (15 s a mode); the merged norm is one batch norm, which the int8 rows of test_rewrite_norm cover.
-@pytest.mark.parametrize("precision", ["float", "fp16", *[pytest.param(mode, marks=pytest.mark.slow)
-                                                          for mode in ("static int8", "dynamic int8")]])
+@pytest.mark.parametrize("precision", rows_in_slow_tier(["float", "fp16", "static int8", "dynamic int8"],
+                                                       lambda precision: "int8" in precision))
 def test_two_batch_norms_in_a_row_lower_as_one_and_match(precision: Precision) -> None:
     torch.manual_seed(27)
     run = lower_and_run(TwoBatchNorms().eval(), (torch.randn(1, 5, 6, 5),), precision)

@@ -16,7 +16,7 @@ from executorch.exir.lowered_backend_module import LoweredBackendModule
 import xnnguard
 from testbed.lowered import run_pte
 from testbed.quantize import quantize_pt2e, xnnpack_quantizer
-from tests.support import own_records
+from tests.support import own_records, rows_in_slow_tier
 from xnnguard.example_models import LinearModel
 
 pytestmark = pytest.mark.release_sensitive
@@ -88,8 +88,7 @@ def _partitions(edge: EdgeProgramManager) -> list[list[str]]:
 SLOW = ("vit-static_int8", "vit-dynamic_int8")
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow if case in SLOW else ())
-                                  for case in CASES])
+@pytest.mark.parametrize("case", rows_in_slow_tier(CASES, SLOW))
 def test_xnnguards_partitions_are_the_stock_partitions_where_no_rule_fires(case: str) -> None:
     torch.manual_seed(0)
     model_cls, shape, quantization = CASES[case]

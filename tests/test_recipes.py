@@ -17,6 +17,7 @@ from executorch.export import ExportRecipe, StageType, export, recipe_registry
 import xnnguard
 from testbed.lowered import run_pte
 from testbed.tolerance import float_tolerance, int8_tolerance
+from tests.support import rows_in_slow_tier
 from xnnguard.example_models import VideoPatchEmbed
 from xnnguard.recipes import RewriteProgram, RewritingXNNPACKQuantizer, XnnguardRecipeType
 from xnnguard.report import Rule
@@ -79,10 +80,9 @@ def _stock_fails(kind: XNNPackRecipeType) -> None:
 SLOW_KINDS = ("PT2E_INT8_STATIC_PER_TENSOR", "TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR")
 
 
-@pytest.mark.parametrize(("stock_kind", "kind"), [
-    pytest.param(stock, kind, id=kind.name, marks=pytest.mark.slow if kind.name in SLOW_KINDS else ())
-    for stock, kind in PAIRS
-])
+@pytest.mark.parametrize(("stock_kind", "kind"), rows_in_slow_tier(
+    PAIRS, lambda stock, kind: kind.name in SLOW_KINDS, ids=lambda stock, kind: str(kind.name)
+))
 def test_the_stock_recipe_fails_and_xnnguards_loads_runs_and_matches(
     stock_kind: XNNPackRecipeType, kind: XnnguardRecipeType
 ) -> None:

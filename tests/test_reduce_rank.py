@@ -353,8 +353,8 @@ def test_model_runs_fully_delegated_and_matches(name: str, precision: str) -> No
     # A float 8-D linear is not here: ExecuTorch's own decomposition (view -> addmm -> view) already
     # flattens it. Quantized, the 8-D q/dq keep the whole linear out of XNNPACK.
     # The dynamic-int8 rows in the slow tier (tests.support.dynamic_int8_in_slow_tier says why).
-    [pytest.param(name, p, marks=pytest.mark.slow if "dynamic" in p else ())
-     for name in E2E_MODELS for p in PRECISIONS if (name, p) != ("8-D-linear", "float")],
+    rows_in_slow_tier([(name, p) for name in E2E_MODELS for p in PRECISIONS if (name, p) != ("8-D-linear", "float")],
+                      lambda name, precision: "dynamic" in precision),
 )
 def test_without_the_rewrite_high_rank_ops_run_outside_xnnpack(name: str, precision: str) -> None:
     """What the tests above catch: with tags only, the high-rank ops run on portable kernels."""

@@ -18,7 +18,7 @@ from torch import nn
 
 from testbed.flow import lower_and_run
 from testbed.quantize import PRECISIONS
-from tests.support import SeparableBlock
+from tests.support import SeparableBlock, rows_in_slow_tier
 from xnnguard.rewrite.layout.cat_sinking import SinkCatThroughMovesPass
 from xnnguard.rewrite.layout.elementwise_sinking import SinkElementwiseThroughMovesPass
 from xnnguard.rewrite.layout.movement_chains import CollapseMovementChainsPass, reshape_permute_reshape
@@ -670,12 +670,11 @@ CASES = {  # name: (model, input shape)
 INT8_CASES = ("separable residual block", "normed conv block", "unet decoder stage")
 
 
-@pytest.mark.parametrize(("name", "precision"), [
-    pytest.param(name, precision, id=f"{name}-{precision}",
-                 marks=pytest.mark.slow if precision != "float" and (name not in INT8_CASES or "dynamic" in precision)
-                 else ())
-    for name in CASES for precision in PRECISIONS
-])
+@pytest.mark.parametrize(("name", "precision"), rows_in_slow_tier(
+    [(name, precision) for name in CASES for precision in PRECISIONS],
+    lambda name, precision: precision != "float" and (name not in INT8_CASES or "dynamic" in precision),
+    ids=lambda name, precision: f"{name}-{precision}",
+))
 def test_the_layout_cases_lower_to_one_delegate_and_match(name: str, precision: str) -> None:
     build, shape = CASES[name]
     torch.manual_seed(0)

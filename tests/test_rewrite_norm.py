@@ -20,7 +20,7 @@ from testbed.int8_reference import Int8, int8_against_the_original, steps_allowe
 from testbed.lowered import lower, run_pte
 from testbed.networks._common import reinit_norms
 from testbed.tolerance import fp16_tolerance
-from tests.support import assert_within_rank_limit, ops
+from tests.support import assert_within_rank_limit, ops, rows_in_slow_tier
 from xnnguard.report import Rule
 from xnnguard.rewrite.norm import (
     RewriteGroupNormPass,
@@ -261,10 +261,12 @@ def test_a_float16_group_norm_of_equal_values_is_its_bias_as_in_pytorch() -> Non
 # In the default tier: a layer norm and a group norm, static. The other norms' pieces stay float as theirs do
 # (one code path, xnnguard.quantizer.rewritten_ops): slow, with every dynamic row.
 INT8_DEFAULT = ("layer norm (a transformer block)", "group norm (a MONAI-style 3-D UNet block)")
-INT8 = [pytest.param(name, mode, id=f"{name}-{mode}",
-                     marks=pytest.mark.slow if name not in INT8_DEFAULT or mode == "dynamic" else ())
-        for name in E2E for mode in ("static", "dynamic")
-        if not (name == "batch norm with batch statistics" and mode == "dynamic")]
+INT8 = rows_in_slow_tier(
+    [(name, mode) for name in E2E for mode in ("static", "dynamic")
+     if not (name == "batch norm with batch statistics" and mode == "dynamic")],
+    lambda name, mode: name not in INT8_DEFAULT or mode == "dynamic",
+    ids=lambda name, mode: f"{name}-{mode}",
+)
 
 
 @pytest.mark.parametrize("name, mode", INT8)

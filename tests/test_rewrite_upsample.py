@@ -13,6 +13,7 @@ import xnnguard
 from testbed.flow import lower_and_run
 from testbed.int8_reference import Int8, int8_against_the_original, no_new_scales
 from testbed.lowered import lower, run_pte
+from tests.support import rows_in_slow_tier
 from xnnguard.graph.ops import target_name
 from xnnguard.rewrite.rewrite_for_xnnpack import rewrite_for_xnnpack
 from xnnguard.rewrite.runner import run_passes
@@ -128,14 +129,13 @@ def test_a_decoder_with_nearest_upsampling_lowers_to_one_delegate_and_matches_ea
     torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
 
 
-INT8_DECODERS = [
-    # 2-D dynamic: its conv reads a reshape, which 1.5.1 lays out wrong; xnnguard's quantizer gives it a cat
-    # (the 3-D ones' dynamic rows in the slow tier: tests.support.dynamic_int8_in_slow_tier says why)
-    *[pytest.param(name, mode, marks=pytest.mark.slow if mode == "dynamic" and name != "2d" else ())
-      for name in ("2d", "3d", "3d-time") for mode in ("static", "dynamic")
-      if not (name == "3d-time" and mode == "static")],
-    pytest.param("3d-time", "static", marks=pytest.mark.slow),  # 11 s; the 3d row upsamples the frames too
-]
+# 2-D dynamic: its conv reads a reshape, which 1.5.1 lays out wrong; xnnguard's quantizer gives it a cat
+# (the 3-D ones' dynamic rows in the slow tier: tests.support.dynamic_int8_in_slow_tier says why).
+# 3d-time is slow in both modes: 11 s a row, and the 3d rows upsample the frames too.
+INT8_DECODERS = rows_in_slow_tier(
+    [(name, mode) for name in ("2d", "3d", "3d-time") for mode in ("static", "dynamic")],
+    lambda name, mode: name == "3d-time" or (mode == "dynamic" and name != "2d"),
+)
 
 
 @pytest.mark.parametrize("name, mode", INT8_DECODERS)
