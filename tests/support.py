@@ -47,6 +47,9 @@ def rows_in_slow_tier(
     A row is one value, or a tuple of values for a parametrization of several names. ``slow`` is a collection
     of rows, or a predicate called with a row's values; ``ids`` a name per row, or a function of its values.
     """
+    rows = list(rows)
+    if ids is not None and not callable(ids) and len(ids) != len(rows):
+        raise ValueError(f"{len(ids)} ids for {len(rows)} rows")
     params = []
     for index, row in enumerate(rows):
         values = row if isinstance(row, tuple) else (row,)

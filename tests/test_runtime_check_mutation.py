@@ -12,10 +12,10 @@ that flips bits or a tool that rewrites a word does.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -33,14 +33,14 @@ MUTANTS_PER_SOURCE = 400
 MAX_OK_BUT_FAILING = 0.02
 
 
-@dataclass
+@dataclasses.dataclass
 class Outcomes:
     """Per source, counts of what verify and the runtime did; and each mutant verify calls ok that fails in
     the runtime, described with what it does in a fresh worker (the sandbox's worker serves many programs:
     a failure only after others ran points at one of those)."""
 
-    counts: dict[str, Counter[str]] = field(default_factory=dict)
-    failing: list[str] = field(default_factory=list)
+    counts: dict[str, Counter[str]] = dataclasses.field(default_factory=dict)
+    failing: list[str] = dataclasses.field(default_factory=list)
 
     def total(self) -> Counter[str]:
         return sum(self.counts.values(), Counter())
